@@ -1,0 +1,216 @@
+"""Benchmark settings: dataclasses, loaded from configs/*.yaml and overridden on the command line.
+
+Precedence: dataclass defaults (Flux.1 dims) < --config YAML < command-line flags.
+Model and data settings are nested (`--model.num_heads 4`); run settings are top-level flags
+(`--devices 2`, `--warmup-steps 3`), with the same names as keys in the YAML file.
+"""
+
+import argparse
+import dataclasses
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+GPU_DEFAULT = CONFIG_DIR / "flux_4608.yaml"
+CPU_DEFAULT = CONFIG_DIR / "tiny.yaml"
+
+CP = Literal["auto", "torch", "allgather-kv", "ulysses", "none"]
+STRATEGIES = ("torch", "allgather-kv", "ulysses", "none")
+HEAD_SHARDING = ("ulysses",)  # strategies that split heads across the CP group
+
+
+class ConfigError(ValueError):
+    """Bad input: one line naming the setting and the fix. The entry point exits with code 2."""
+
+
+@dataclass
+class ModelConfig:
+    num_heads: int = 24
+    head_dim: int = 128
+    mlp_ratio: float = 4.0
+    double_blocks: int = 2  # FluxTransformerBlock (two streams); Flux.1 has 19
+    single_blocks: int = 4  # FluxSingleTransformerBlock; Flux.1 has 38
+    in_channels: int = 64  # packed latent: 16 VAE channels x 2x2 patch
+    text_dim: int = 4096  # T5-XXL embedding width
+    pooled_dim: int = 768  # CLIP pooled embedding width
+    rope_axes: list[int] = field(default_factory=lambda: [16, 56, 56])  # (text/index, row, col); sums to head_dim
+    fuse_qkv: bool = True  # one to_qkv GEMM per stream (diffusers' fuse_projections)
+
+    @property
+    def hidden(self) -> int:
+        return self.num_heads * self.head_dim
+
+
+@dataclass
+class DataConfig:
+    image_height: int = 64  # image tokens per column (1024 px / 8 VAE / 2 patch)
+    image_width: int = 64
+    text_tokens: int = 512
+    batch_size: int = 1
+    seed: int = 0
+
+    @property
+    def image_tokens(self) -> int:
+        return self.image_height * self.image_width
+
+    @property
+    def seq_len(self) -> int:
+        return self.image_tokens + self.text_tokens
+
+
+@dataclass
+class RunConfig:
+    devices: int = 1
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    cp: CP = "auto"
+    rotate: Literal["allgather", "alltoall"] = "allgather"  # torch ring: how K/V shards move
+    sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
+    precision: Literal["bf16-true", "32-true", "64-true"] = "bf16-true"
+    steps: int = 20  # measured steps
+    warmup_steps: int = 5  # run first, excluded from the statistics (their loss is kept)
+    lr: float = 1e-4
+    output: str | None = None  # default: runs/<run_name>
+    group: str = "adhoc"  # sweep id: one wandb dashboard per group
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    timing: bool = True  # op regions (QKV GEMM, SDPA) inside the step
+    dump_grads: bool = False  # save every parameter's gradient after the first step (numerics checks)
+
+
+@dataclass
+class BenchConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    config_file: str | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _parser():
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    p = ArgumentParser(
+        prog="train_bench.py",
+        description="Flux DiT training-step benchmark under context parallelism.",
+        exit_on_error=False,
+        default_env=False,
+    )
+    p.add_argument("--config", action=ActionConfigFile, help="YAML file (configs/*.yaml)")
+    p.add_class_arguments(ModelConfig, "model")
+    p.add_class_arguments(DataConfig, "data")
+    # Run settings as top-level dashed flags (the results contract), keyed by field name in YAML.
+    for f in dataclasses.fields(RunConfig):
+        flag = "--" + f.name.replace("_", "-")
+        p.add_argument(flag, dest=f.name, type=f.type, default=f.default)
+    return p
+
+
+def parse_config(argv: list[str] | None = None, *, cuda_available: bool | None = None) -> BenchConfig:
+    """Parse argv into a BenchConfig. Without --config: the Flux config on a GPU machine, else tiny."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    if "-h" in argv or "--help" in argv:
+        _parser().parse_args(argv)  # prints help, exits 0
+    config_file = _find_config(argv)
+    if config_file is None:
+        config_file = str(GPU_DEFAULT if cuda_available else CPU_DEFAULT)
+        argv = ["--config", config_file, *argv]
+    path = Path(config_file)
+    if not path.is_file():
+        raise ConfigError(f"--config {config_file}: file not found (choose one of {CONFIG_DIR}/*.yaml)")
+    try:
+        path.read_text()
+    except OSError as e:
+        raise ConfigError(f"--config {config_file}: unreadable ({e.strerror})") from None
+    parser = _parser()
+    try:
+        ns = parser.parse_args(argv)
+    except (argparse.ArgumentError, SystemExit) as e:
+        msg = _one_line(str(e))
+        if "accept" in msg or "parsing config" in msg:  # the YAML file, not a flag, is at fault
+            msg = f"--config {config_file}: {msg}"
+        raise ConfigError(msg) from None
+    d = ns.as_dict()
+    d.pop("config", None)
+    model = ModelConfig(**d.pop("model"))
+    data = DataConfig(**d.pop("data"))
+    run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig)})
+    return BenchConfig(model=model, data=data, run=run, config_file=str(path))
+
+
+def _find_config(argv: list[str]) -> str | None:
+    for i, a in enumerate(argv):
+        if a == "--config":
+            return argv[i + 1] if i + 1 < len(argv) else ""
+        if a.startswith("--config="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _one_line(msg: str) -> str:
+    """jsonargparse errors span lines; keep what names the setting and the problem."""
+    lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
+    text = " ".join(lines)
+    for prefix in ("Parser key ", "Problem with given value "):
+        text = text.replace(prefix, "")
+    run_keys = {f.name for f in dataclasses.fields(RunConfig)}
+    text = re.sub(
+        r'^"([\w.]+)":',
+        lambda m: "--" + (m[1].replace("_", "-") if m[1] in run_keys else m[1]) + ":",
+        text,
+    )
+    if "does not accept option" in text or "Unrecognized arguments" in text:
+        text += " (see --help, or configs/flux_4608.yaml for every key)"
+    return text
+
+
+def resolve(cfg: BenchConfig, *, cuda_available: bool, gpu_count: int) -> BenchConfig:
+    """Fill `auto` settings and check the combination, before any process is spawned."""
+    run, model, data = cfg.run, cfg.model, cfg.data
+    if run.accelerator == "auto":
+        run.accelerator = "gpu" if cuda_available else "cpu"
+    if run.accelerator == "gpu" and not cuda_available:
+        raise ConfigError("--accelerator gpu: no CUDA device is visible (use --accelerator cpu)")
+    if run.devices < 1:
+        raise ConfigError(f"--devices {run.devices}: must be >= 1")
+    if run.accelerator == "gpu" and run.devices > gpu_count:
+        raise ConfigError(f"--devices {run.devices}: only {gpu_count} GPU(s) visible (use --devices <= {gpu_count})")
+    if run.cp == "auto":
+        run.cp = "none" if run.devices == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
+    if run.cp == "torch" and run.accelerator != "gpu":
+        raise ConfigError(
+            "--cp torch: torch's context_parallel intercepts only CUDA SDPA kernels "
+            "(use --cp allgather-kv on CPU, or run on a GPU)"
+        )
+    if run.cp == "none" and run.devices > 1:
+        raise ConfigError(f"--cp none: no context parallelism across {run.devices} devices (use --devices 1)")
+    if run.steps < 1 or run.warmup_steps < 0:
+        raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
+    if sum(model.rope_axes) != model.head_dim or any(a % 2 for a in model.rope_axes):
+        raise ConfigError(
+            f"--model.rope_axes {model.rope_axes}: must be even and sum to head_dim {model.head_dim}"
+        )
+    w = run.devices
+    for name, n in (("data.image_height * data.image_width", data.image_tokens), ("data.text_tokens", data.text_tokens)):
+        if n % w:
+            raise ConfigError(
+                f"{name} = {n} is not divisible by the CP degree {w} (image and text tokens are sharded "
+                f"separately: pick sizes divisible by {w}, or another --devices)"
+            )
+    if run.cp in HEAD_SHARDING and model.num_heads % w:
+        raise ConfigError(
+            f"--model.num_heads {model.num_heads} is not divisible by the CP degree {w}, which --cp {run.cp} "
+            f"needs (it shards heads: use --devices dividing {model.num_heads}, or --cp allgather-kv)"
+        )
+    return cfg
+
+
+def run_name(cfg: BenchConfig, mode: str = "train") -> str:
+    return f"{mode}-W{cfg.run.devices}-{cfg.run.cp}-s{cfg.data.seq_len}"

@@ -1,0 +1,264 @@
+"""Context-parallel strategies behind one interface, applied to the model from outside.
+
+Every strategy sees a rank's local tokens: its contiguous 1/W of the image tokens and 1/W of the
+text tokens, concatenated locally as [text_r, image_r], each token keeping its own RoPE angle.
+That is exact for Flux: attention is non-causal, so a query's output is a sum over keys that
+does not depend on the order the keys arrive in; only each token's own angle matters.
+
+    strategy = make_strategy("allgather-kv", rank, world, device)
+    apply_cp(model, strategy, timer)       # installs CPAttnProcessor on every FluxAttention
+    with strategy.step_context():          # forward AND backward of the step
+        ...
+
+`attention(q, k, v)` takes and returns local (B, H, S_local, D) tensors:
+- none:          plain SDPA (world size 1).
+- allgather-kv:  all-gather K and V (one collective), SDPA of local queries against all keys;
+                 backward reduce-scatters dK, dV. Works on gloo (CPU) and NCCL.
+- ulysses:       all-to-all from sequence- to head-sharding, full-sequence SDPA on H/W heads,
+                 all-to-all back (DeepSpeed-Ulysses). Heads must divide by W.
+- torch:         torch's context_parallel (ring attention). Its context patches
+                 F.scaled_dot_product_attention, so attention() calls it through the module attribute.
+"""
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from diffusers.models.embeddings import apply_rotary_emb
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flux_cp.timing import StepTimer
+
+# torch 2.13 renamed these collectives (the old names warn); 2.11 has only the old ones.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+SDPA_BACKENDS = {
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+
+
+# ---------------------------------------------------------------- sharding
+
+
+def shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
+    """Rank's contiguous 1/world slice along dim (sizes are validated to divide)."""
+    return x.chunk(world, dim=dim)[rank]
+
+
+def shard_joint(text, image, dim: int, rank: int, world: int) -> torch.Tensor:
+    """[text_r, image_r]: a rank's local joint sequence, in Flux's text-first order."""
+    return torch.cat([shard(text, dim, rank, world), shard(image, dim, rank, world)], dim=dim)
+
+
+def unshard_joint(local: list[torch.Tensor], text_len: int, dim: int) -> torch.Tensor:
+    """Inverse of shard_joint over all ranks' local sequences: the full [text, image] sequence."""
+    world = len(local)
+    t = text_len // world
+    texts = [x.narrow(dim, 0, t) for x in local]
+    images = [x.narrow(dim, t, x.shape[dim] - t) for x in local]
+    return torch.cat(texts + images, dim=dim)
+
+
+# ---------------------------------------------------------------- collectives with autograd
+
+
+class _GatherSeq(torch.autograd.Function):
+    """All-gather along the sequence dim of (..., S_local, D) stacks; backward reduce-scatters."""
+
+    @staticmethod
+    def forward(ctx, x, group, world):  # x (2, B, H, S_l, D): K and V in one buffer, one collective
+        ctx.group, ctx.world = group, world
+        xs = x.movedim(3, 0).contiguous()  # (S_l, 2, B, H, D): collectives concatenate along dim 0
+        out = xs.new_empty((world * xs.shape[0], *xs.shape[1:]))
+        _all_gather_single(out, xs, group=group)
+        return out.movedim(0, 3)  # (2, B, H, S, D), ranks in order
+
+    @staticmethod
+    def backward(ctx, g):
+        gs = g.movedim(3, 0).contiguous()
+        out = gs.new_empty((gs.shape[0] // ctx.world, *gs.shape[1:]))
+        _reduce_scatter_single(out, gs, group=ctx.group)  # sum of every rank's queries' dK, dV
+        return out.movedim(0, 3), None, None
+
+
+class _SeqToHeads(torch.autograd.Function):
+    """(B, H, S_l, D) sequence-sharded -> (B, H/W, S, D) head-sharded, by one all-to-all."""
+
+    @staticmethod
+    def forward(ctx, x, group, world):
+        ctx.group, ctx.world = group, world
+        return _seq_to_heads(x, group, world)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _heads_to_seq(g, ctx.group, ctx.world), None, None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, world):
+        ctx.group, ctx.world = group, world
+        return _heads_to_seq(x, group, world)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _seq_to_heads(g, ctx.group, ctx.world), None, None
+
+
+def _seq_to_heads(x, group, world):
+    b, h, s, d = x.shape
+    send = x.reshape(b, world, h // world, s, d).transpose(0, 1).contiguous()  # (W, B, h, S_l, D): chunk j -> rank j
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)  # chunk r: rank r's tokens, my heads
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
+
+
+def _heads_to_seq(y, group, world):
+    b, h, s, d = y.shape
+    send = y.reshape(b, h, world, s // world, d).permute(2, 0, 1, 3, 4).contiguous()  # chunk j: rank j's tokens
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)  # chunk r: my tokens, rank r's heads
+    return recv.transpose(0, 1).reshape(b, h * world, s // world, d)
+
+
+# ---------------------------------------------------------------- strategies
+
+
+class CPStrategy:
+    name = "none"
+
+    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, sdpa_backend="auto"):
+        self.rank, self.world, self.device = rank, world, device
+        self.sdpa_backend = sdpa_backend
+        self.group = dist.group.WORLD if world > 1 else None
+
+    def attention(self, q, k, v):  # (B, H, S_l, D) each
+        return F.scaled_dot_product_attention(q, k, v)
+
+    def step_context(self):
+        """Entered around forward and backward of every step."""
+        stack = contextlib.ExitStack()
+        if self.sdpa_backend != "auto":
+            stack.enter_context(sdpa_kernel([SDPA_BACKENDS[self.sdpa_backend]]))
+        return stack
+
+
+class AllGatherKV(CPStrategy):
+    name = "allgather-kv"
+
+    def attention(self, q, k, v):
+        if self.world > 1:
+            k, v = _GatherSeq.apply(torch.stack([k, v]), self.group, self.world).unbind(0)
+        return F.scaled_dot_product_attention(q, k, v)  # local queries x all keys
+
+
+class Ulysses(CPStrategy):
+    name = "ulysses"
+
+    def attention(self, q, k, v):
+        if self.world == 1:
+            return F.scaled_dot_product_attention(q, k, v)
+        q, k, v = (_SeqToHeads.apply(x, self.group, self.world) for x in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v)  # (B, H/W, S, D)
+        return _HeadsToSeq.apply(out, self.group, self.world)
+
+
+class TorchRing(CPStrategy):
+    """torch.distributed.tensor.experimental.context_parallel: ring attention over the CP mesh."""
+
+    name = "torch"
+
+    def __init__(self, *args, rotate: str = "allgather", **kwargs):
+        super().__init__(*args, **kwargs)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
+
+        # Flux attention is non-causal: head-tail load balancing only helps causal masks.
+        _cp_options.enable_load_balance = False
+        set_rotate_method(rotate)
+        self.mesh = init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("cp",))
+        # context_parallel shards its buffers in place; ours are sharded already, and torch >= 2.10
+        # raises IndexError on an empty buffer list, so it gets a throwaway one.
+        self._dummy = torch.zeros(self.world, device=self.device)
+
+    def attention(self, q, k, v):
+        # Looked up at call time: inside the context torch has replaced F.scaled_dot_product_attention.
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    def step_context(self):
+        from torch.distributed.tensor.experimental import context_parallel
+
+        stack = super().step_context()
+        self._dummy = torch.zeros(self.world, device=self.device)
+        stack.enter_context(context_parallel(self.mesh, buffers=[self._dummy], buffer_seq_dims=[0]))
+        return stack
+
+
+STRATEGY_CLASSES = {c.name: c for c in (CPStrategy, AllGatherKV, Ulysses, TorchRing)}
+
+
+def make_strategy(name: str, rank: int, world: int, device, sdpa_backend="auto", rotate="allgather") -> CPStrategy:
+    kwargs = {"rotate": rotate} if name == "torch" else {}
+    return STRATEGY_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, **kwargs)
+
+
+# ---------------------------------------------------------------- the attention processor
+
+
+class CPAttnProcessor:
+    """diffusers' FluxAttnProcessor with the attention call handed to a CP strategy, and the QKV
+    projection and the attention call (its collectives included) wrapped in timing regions."""
+
+    def __init__(self, strategy: CPStrategy, timer: StepTimer | None = None):
+        self.strategy = strategy
+        self.timer = timer or StepTimer(cuda=False, enabled=False)
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        assert attention_mask is None, "Flux attention is unmasked"
+        joint = encoder_hidden_states is not None  # double block: image stream + text stream
+
+        call = self.timer.open("qkv_gemm")
+        streams = call.enter(hidden_states, *([encoder_hidden_states] if joint else []))
+        proj = [*_project(attn, streams[0], added=False), *(_project(attn, streams[1], added=True) if joint else ())]
+        proj = call.exit(*proj)  # 3 or 6 tensors, each (B, S_l, H * Dh)
+
+        q, k, v = (x.unflatten(-1, (-1, attn.head_dim)) for x in proj[:3])  # (B, Si_l, H, Dh)
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        if joint:
+            eq, ek, ev = (x.unflatten(-1, (-1, attn.head_dim)) for x in proj[3:])  # (B, St_l, H, Dh)
+            eq, ek = attn.norm_added_q(eq), attn.norm_added_k(ek)
+            q, k, v = (torch.cat([e, x], dim=1) for e, x in ((eq, q), (ek, k), (ev, v)))  # [text, image]
+        if image_rotary_emb is not None:
+            q = apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
+            k = apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
+
+        call = self.timer.open("sdpa")
+        q, k, v = call.enter(*(x.transpose(1, 2) for x in (q, k, v)))  # (B, H, S_l, Dh)
+        (out,) = call.exit(self.strategy.attention(q, k, v))
+        out = out.transpose(1, 2).flatten(2, 3).to(q.dtype)  # (B, S_l, H * Dh)
+
+        if not joint:
+            return out
+        t = encoder_hidden_states.shape[1]
+        ctx, img = out[:, :t], out[:, t:]
+        img = attn.to_out[1](attn.to_out[0](img.contiguous()))
+        return img, attn.to_add_out(ctx.contiguous())
+
+
+def _project(attn, x, added: bool):
+    """q, k, v of one stream: one fused GEMM (chunked views) or three separate ones."""
+    if attn.fused_projections:
+        return (attn.to_added_qkv if added else attn.to_qkv)(x).chunk(3, dim=-1)
+    names = ("add_q_proj", "add_k_proj", "add_v_proj") if added else ("to_q", "to_k", "to_v")
+    return tuple(getattr(attn, n)(x) for n in names)
+
+
+def apply_cp(model, strategy: CPStrategy, timer: StepTimer | None = None) -> None:
+    """Install the CP attention processor on every attention of the model."""
+    for attn in model.attentions():
+        attn.set_processor(CPAttnProcessor(strategy, timer))

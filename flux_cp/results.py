@@ -1,0 +1,121 @@
+"""summary.json: the results contract (../shared/DESIGN.md) that scripts and the report rely on.
+
+Written atomically (temp file + rename) so that a crash never leaves half a file, and rewritten
+as steps complete, so that a run that fails midway keeps what it measured (`complete: false`).
+"""
+
+import json
+import os
+import platform
+import socket
+import statistics
+import tempfile
+from pathlib import Path
+
+SCHEMA = 1
+REQUIRED = ("schema", "mode", "run_name", "group", "world_size", "cp", "config", "env", "metrics", "loss")
+TRAIN_METRICS = ("step_ms", "host_ms", "sdpa_fwd_ms", "sdpa_bwd_ms", "qkv_gemm_fwd_ms", "qkv_gemm_bwd_ms")
+
+
+def env_info(device=None) -> dict:
+    import diffusers
+    import lightning
+    import torch
+
+    if device is not None and getattr(device, "type", device) == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    return {
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "diffusers": diffusers.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "device": name,
+        "hostname": socket.gethostname(),
+    }
+
+
+def stats(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+class RunSummary:
+    """Accumulates per-step figures; `write()` renders the contract's JSON."""
+
+    def __init__(self, path: Path, header: dict, warmup_steps: int):
+        self.path = Path(path)
+        self.header = header  # mode, run_name, group, world_size, cp, config, env, ...
+        self.warmup_steps = warmup_steps
+        self.loss: list[float] = []
+        self.per_step: dict[str, list[float]] = {}  # rank 0's figure per measured step
+        self.rank_max: dict[str, list[float]] = {}
+        self.rank_min: dict[str, list[float]] = {}
+
+    def add_step(self, step: int, loss: float, metrics: dict, rank_max: dict, rank_min: dict):
+        self.loss.append(loss)
+        if step < self.warmup_steps:
+            return
+        for name, v in metrics.items():
+            self.per_step.setdefault(name, []).append(v)
+            self.rank_max.setdefault(name, []).append(rank_max[name])
+            self.rank_min.setdefault(name, []).append(rank_min[name])
+
+    def metrics(self) -> dict:
+        out = {}
+        for name, vals in self.per_step.items():
+            out[name] = stats(vals)
+            if self.header.get("world_size", 1) > 1:  # spread over ranks, per step, then its median
+                out[name]["rank_max_median"] = statistics.median(self.rank_max[name])
+                out[name]["rank_min_median"] = statistics.median(self.rank_min[name])
+        return out
+
+    def to_dict(self, complete: bool, error: str | None = None) -> dict:
+        d = {"schema": SCHEMA, **self.header, "metrics": self.metrics(), "loss": self.loss, "complete": complete}
+        d["per_step"] = self.per_step
+        if error:
+            d["error"] = error
+        return d
+
+    def write(self, complete: bool, error: str | None = None) -> Path:
+        return write_json_atomic(self.path, self.to_dict(complete, error))
+
+
+def write_json_atomic(path: Path, data: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def validate(d: dict) -> list[str]:
+    """Problems with a summary dict against the contract (empty when valid)."""
+    errs = [f"missing key {k!r}" for k in REQUIRED if k not in d]
+    if errs:
+        return errs
+    if d["schema"] != SCHEMA:
+        errs.append(f"schema {d['schema']} != {SCHEMA}")
+    if d["mode"] not in ("train", "ops"):
+        errs.append(f"mode {d['mode']!r}")
+    for k in ("torch", "lightning", "diffusers", "device", "hostname"):
+        if k not in d["env"]:
+            errs.append(f"env lacks {k!r}")
+    for name, m in d["metrics"].items():
+        if not name.endswith("_ms"):
+            errs.append(f"metric {name!r} does not end in _ms")
+        for k in ("median", "min", "max", "n"):
+            if k not in m:
+                errs.append(f"metric {name!r} lacks {k!r}")
+        if not m.get("min", 0) <= m.get("median", 0) <= m.get("max", 0):
+            errs.append(f"metric {name!r}: min <= median <= max violated")
+    if d["mode"] == "train":
+        errs += [f"train metric {k!r} missing" for k in ("step_ms", "host_ms") if k not in d["metrics"]]
+        if not all(isinstance(x, float) for x in d["loss"]):
+            errs.append("loss must be a list of floats")
+    return errs

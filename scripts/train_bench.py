@@ -1,0 +1,130 @@
+"""Flux DiT training-step benchmark under context parallelism.
+
+    python scripts/train_bench.py                       # GPU: configs/flux_4608.yaml; no GPU: configs/tiny.yaml
+    python scripts/train_bench.py --devices 2           # two ranks (Lightning launches them)
+    python scripts/train_bench.py --devices 1 --cp torch --config configs/flux_4608.yaml
+
+Writes <output>/summary.json (default output: runs/<run_name>) and, unless --wandb-mode
+disabled, an offline wandb run under <output>/wandb (sync it with `wandb sync`).
+"""
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from flux_cp.config import ConfigError, parse_config, resolve, run_name  # noqa: E402
+
+
+def is_launcher_process() -> bool:
+    """True in the process the user started (Lightning's DDP launcher sets LOCAL_RANK in the others)."""
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    try:
+        given = sys.argv[1:] if argv is None else argv
+        cfg = parse_config(given, cuda_available=torch.cuda.is_available())
+        cfg = resolve(cfg, cuda_available=torch.cuda.is_available(), gpu_count=torch.cuda.device_count())
+    except ConfigError as e:
+        print(f"train_bench.py: error: {e}", file=sys.stderr)
+        return 2
+    if is_launcher_process() and not any(a == "--config" or a.startswith("--config=") for a in given):
+        where = "a GPU is visible" if cfg.run.accelerator == "gpu" else "no GPU found: a tiny CPU config"
+        print(f"train_bench.py: {where}, using {cfg.config_file} (choose with --config)", file=sys.stderr)
+    return train(cfg)
+
+
+def train(cfg) -> int:
+    import lightning as L
+    from lightning.pytorch.loggers import WandbLogger
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from callbacks import OpTimingCallback
+    from flux_cp.model import num_params
+    from flux_cp.module import FluxCPModule
+    from flux_cp.results import env_info
+
+    run = cfg.run
+    name = run_name(cfg)
+    run.output = run.output or str(Path("runs") / name)
+    out = Path(run.output)
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
+
+    module = FluxCPModule(cfg)
+    # torch's CP needs a process group (its device mesh) even at world size 1.
+    distributed = run.devices > 1 or run.cp == "torch"
+    strategy = (
+        DDPStrategy(process_group_backend="nccl" if run.accelerator == "gpu" else "gloo")
+        if distributed
+        else "auto"
+    )
+    header = {
+        "mode": "train",
+        "run_name": name,
+        "group": run.group,
+        "world_size": run.devices,
+        "cp": run.cp,
+        "config": cfg.to_dict(),
+        "env": env_info("cuda" if run.accelerator == "gpu" else "cpu"),
+        "params": num_params(module.model),
+        "tokens_per_rank": cfg.data.seq_len // run.devices,
+    }
+    timing = OpTimingCallback(out / "summary.json", header, run.warmup_steps)
+    logger = False
+    if run.wandb_mode != "disabled":
+        logger = WandbLogger(
+            project="flux-cp",
+            name=name,
+            group=run.group,
+            job_type="train",
+            save_dir=str(out),
+            offline=run.wandb_mode == "offline",
+            config={**cfg.to_dict(), "env": header["env"]},
+        )
+    trainer = L.Trainer(
+        accelerator=run.accelerator,
+        devices=run.devices,
+        strategy=strategy,
+        precision=run.precision,
+        max_steps=run.warmup_steps + run.steps,
+        logger=logger,
+        callbacks=[timing],
+        default_root_dir=str(out),
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        use_distributed_sampler=False,  # every CP rank sees the same batch, then takes its shard
+        log_every_n_steps=1,
+    )
+    trainer.fit(module)
+    if trainer.global_rank == 0:
+        print_summary(timing.summary.to_dict(complete=True), out / "summary.json")
+    return 0
+
+
+def print_summary(d: dict, path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{d['run_name']}  ({d['env']['device']}, {d['metrics'].get('step_ms', {}).get('n', 0)} steps)")
+    for col in ("metric", "median", "min", "max", "rank max (median)"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    for name, m in d["metrics"].items():
+        if name.endswith("_call_ms"):
+            continue
+        spread = f"{m['rank_max_median']:.3f}" if "rank_max_median" in m else "-"
+        table.add_row(name, f"{m['median']:.3f}", f"{m['min']:.3f}", f"{m['max']:.3f}", spread)
+    console = Console(stderr=True)
+    console.print(table)
+    console.print(soft_wrap=True, *[f"loss: first {d['loss'][0]:.6f}  last {d['loss'][-1]:.6f}   summary: {path}"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
