@@ -123,7 +123,7 @@ def print_summary(d: dict, path: Path) -> None:
         table.add_row(name, f"{m['median']:.3f}", f"{m['min']:.3f}", f"{m['max']:.3f}", spread)
     console = Console(stderr=True)
     console.print(table)
-    console.print(soft_wrap=True, *[f"loss: first {d['loss'][0]:.6f}  last {d['loss'][-1]:.6f}   summary: {path}"])
+    console.print(f"loss: first {d['loss'][0]:.6f}  last {d['loss'][-1]:.6f}   summary: {path}", soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,31 @@
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "train_bench.py"
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench(*args, timeout=300, env=None):
+    """Run train_bench.py as a user would: a real process (Lightning launches the ranks)."""
+    e = {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_SILENT": "true", **(env or {})}
+    e.pop("LOCAL_RANK", None)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT
+    )
+
+
+@pytest.fixture
+def run_bench():
+    return bench

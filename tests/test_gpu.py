@@ -1,0 +1,59 @@
+"""GPU checks (pytest -m gpu), run on the lent H200: torch's context_parallel dispatch path."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from flux_cp.config import DataConfig, ModelConfig
+from flux_cp.data import make_batch
+from flux_cp.model import FluxDiT, image_ids, text_ids
+from flux_cp.parallel import apply_cp, make_strategy
+
+from .conftest import free_port
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def pg():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    yield
+    dist.destroy_process_group()
+
+
+def _fwd_bwd(model, strategy, batch, rope):
+    model.zero_grad(set_to_none=True)
+    apply_cp(model, strategy)
+    with strategy.step_context():
+        out = model(batch["x_t"], batch["text"], batch["pooled"], batch["t"], rope)
+        loss = torch.nn.functional.mse_loss(out.float(), batch["target"].float())
+        loss.backward()
+    return out.detach().float(), {n: p.grad.float() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("backend", ["auto", "cudnn", "flash", "efficient"])
+@pytest.mark.parametrize("rotate", ["allgather", "alltoall"])
+def test_torch_cp_world1_matches_none(pg, backend, rotate):
+    dev = torch.device("cuda", 0)
+    mcfg = ModelConfig(num_heads=4, head_dim=128, double_blocks=1, single_blocks=1, text_dim=256, pooled_dim=64)
+    dcfg = DataConfig(image_height=32, image_width=32, text_tokens=128)
+    torch.manual_seed(0)
+    model = FluxDiT(mcfg).to(dev, torch.bfloat16)
+    batch = {k: v.to(dev, torch.bfloat16) for k, v in make_batch(dcfg, mcfg, 0).items()}
+    rope = model.rope(text_ids(dcfg.text_tokens).to(dev), image_ids(32, 32).to(dev))
+
+    ref_out, ref_grads = _fwd_bwd(model, make_strategy("none", 0, 1, dev, sdpa_backend=backend), batch, rope)
+    cp = make_strategy("torch", 0, 1, dev, sdpa_backend=backend, rotate=rotate)
+    out, grads = _fwd_bwd(model, cp, batch, rope)
+
+    torch.testing.assert_close(out, ref_out, rtol=2e-2, atol=2e-2)
+    for name, g in ref_grads.items():
+        scale = g.abs().max().clamp_min(1e-6)
+        err = (grads[name] - g).abs().max() / scale
+        assert err < 5e-2, f"{name}: grad differs by {err:.3g} of its max"
