@@ -20,6 +20,7 @@ log() { echo "== $(date -u +%FT%TZ) $*"; }
   done
   log "train torch alltoall"; python3 scripts/train_bench.py --config $F --devices 1 --cp torch --rotate alltoall \
     --steps "$STEPS" --wandb-mode disabled --output $R/train-torch-alltoall 2>&1 | tail -12
+  log "wandb files"; find $R -name "*.wandb" | head
   log "done"
 } 2>&1 | tee "$OUT/session.log"
 tar czf "$OUT/runs.tar.gz" --exclude='*.wandb' "$R" 2>/dev/null
