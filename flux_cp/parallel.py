@@ -185,6 +185,10 @@ class TorchRing(CPStrategy):
         # context_parallel shards its buffers in place; ours are sharded already, and torch >= 2.10
         # raises IndexError on an empty buffer list, so it gets a throwaway one.
         self._dummy = torch.zeros(self.world, device=self.device)
+        if self.sdpa_backend == "auto":
+            # On torch 2.11 the ring's cuDNN path (SDPA's default on H200) gives wrong gradients and then
+            # faults (tests/test_gpu.py, docs/results/2026-12-02-h200-w1.md): pin flash, which is exact.
+            self.sdpa_backend = "flash"
 
     def attention(self, q, k, v):
         # Looked up at call time: inside the context torch has replaced F.scaled_dot_product_attention.

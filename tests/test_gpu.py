@@ -37,7 +37,10 @@ def _fwd_bwd(model, strategy, batch, rope):
     return out.detach().float(), {n: p.grad.float() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("backend", ["auto", "cudnn", "flash", "efficient"])
+@pytest.mark.parametrize(
+    "backend",
+    ["auto", "flash", "efficient", pytest.param("cudnn", marks=pytest.mark.xfail(reason="torch 2.11 ring cuDNN bwd"))],
+)
 @pytest.mark.parametrize("rotate", ["allgather", "alltoall"])
 def test_torch_cp_world1_matches_none(pg, backend, rotate):
     dev = torch.device("cuda", 0)

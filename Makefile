@@ -1,0 +1,24 @@
+# Quick start: `make bench` (set-up + the main job on its default), `make test` (set-up + the CPU tests).
+PY ?= python3
+VENV ?= .venv
+BIN = $(VENV)/bin
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu || $(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q -e ".[dev]"
+
+setup: $(BIN)/python
+
+bench: setup
+	$(BIN)/python scripts/train_bench.py $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+
+.PHONY: setup bench test lint

@@ -1,0 +1,71 @@
+"""The entry point as a user meets it: summary.json, wandb offline files, bad-input errors."""
+
+import json
+
+import pytest
+
+from flux_cp.results import TRAIN_METRICS, validate
+
+from .conftest import TINY, bench
+
+
+def test_devices_2_on_cpu_writes_a_valid_summary(tmp_path):
+    r = bench("--devices", 2, "--output", tmp_path, "--wandb-mode", "offline")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "no GPU found: a tiny CPU config" in r.stderr
+    d = json.loads((tmp_path / "summary.json").read_text())
+    assert validate(d) == []
+    assert d["mode"] == "train" and d["world_size"] == 2 and d["cp"] == "allgather-kv" and d["complete"]
+    steps = d["config"]["run"]["steps"]
+    assert len(d["loss"]) == steps + d["config"]["run"]["warmup_steps"]
+    for name in TRAIN_METRICS:
+        m = d["metrics"][name]
+        assert m["n"] == steps and 0 < m["min"] <= m["median"] <= m["max"]
+        assert m["rank_min_median"] <= m["rank_max_median"]
+    # the op regions are parts of the step
+    ops = sum(d["metrics"][k]["median"] for k in TRAIN_METRICS[2:])
+    assert ops < d["metrics"]["step_ms"]["median"]
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+
+
+def test_timing_off_keeps_step_metrics_only(tmp_path):
+    r = bench("--config", TINY, "--timing", "false", "--wandb-mode", "disabled", "--output", tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads((tmp_path / "summary.json").read_text())
+    assert set(d["metrics"]) == {"step_ms", "host_ms"}
+
+
+BAD = [
+    (["--devices", 5], "not divisible by the CP degree 5"),
+    (["--devices", 3, "--cp", "ulysses"], "--model.num_heads 4 is not divisible by the CP degree 3"),
+    (["--accelerator", "gpu"], "--accelerator gpu: no CUDA device"),
+    (["--cp", "torch"], "--cp torch:"),
+    (["--config", "configs/nope.yaml"], "--config configs/nope.yaml: file not found"),
+    (["--model.num_hedz", 3], "num_hedz"),
+    (["--cp", "ring"], "--cp:"),
+    (["--steps", "many"], "--steps:"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    r = bench(*args, "--output", tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert not (tmp_path / "summary.json").exists()  # nothing ran
+
+
+def test_unknown_key_in_config_file(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(TINY.read_text() + "stepz: 3\n")
+    r = bench("--config", cfg)
+    assert r.returncode == 2 and "stepz" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_unreadable_config_file(tmp_path):
+    cfg = tmp_path / "locked.yaml"
+    cfg.write_text("steps: [\n")
+    r = bench("--config", cfg)
+    assert r.returncode == 2 and f"--config {cfg}" in r.stderr

@@ -1,0 +1,35 @@
+"""Real multi-process runs (Lightning launches gloo ranks) against the single-process model, fp32."""
+
+import pytest
+import torch
+
+from .conftest import TINY, bench
+
+STEPS = ("--steps", 2, "--warmup-steps", 1)  # 3 optimizer steps
+
+
+def _run(tmp_path_factory, devices, cp, *extra):
+    out = tmp_path_factory.mktemp(f"w{devices}-{cp}")
+    r = bench("--config", TINY, "--devices", devices, "--cp", cp, "--dump-grads", "true", "--wandb-mode",
+              "disabled", "--output", out, *STEPS, *extra)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    return json.loads((out / "summary.json").read_text()), torch.load(out / "grads_step0.pt")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return _run(tmp_path_factory, 1, "none")
+
+
+@pytest.mark.parametrize(("devices", "cp"), [(2, "allgather-kv"), (3, "allgather-kv"), (2, "ulysses"), (4, "ulysses")])
+def test_cp_matches_single_process(reference, tmp_path_factory, devices, cp):
+    ref, ref_grads = reference
+    got, grads = _run(tmp_path_factory, devices, cp)
+    assert got["world_size"] == devices and got["cp"] == cp
+    assert len(got["loss"]) == len(ref["loss"]) == 3
+    torch.testing.assert_close(torch.tensor(got["loss"]), torch.tensor(ref["loss"]), rtol=1e-5, atol=0)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-5 * g.abs().max().item(), msg=name)
