@@ -30,7 +30,8 @@ class OpTimingCallback(Callback):
         timer.end_step()
         local = timer.read()  # the step's only synchronize
         keys = self._keys = self._keys or sorted(local)
-        vec = torch.tensor([local[k] for k in keys] + [outputs["loss"].item()], device=pl_module.device, dtype=torch.float64)
+        row = [local[k] for k in keys] + [outputs["loss"].item()]
+        vec = torch.tensor(row, device=pl_module.device, dtype=torch.float64)
         every = trainer.strategy.all_gather(vec).reshape(-1, len(keys) + 1).cpu()  # (W, M + 1)
         loss = every[:, -1].mean().item()  # equal shards: global loss = mean of the ranks' losses
         if trainer.global_rank != 0:

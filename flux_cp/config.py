@@ -198,7 +198,8 @@ def resolve(cfg: BenchConfig, *, cuda_available: bool, gpu_count: int) -> BenchC
             f"--model.rope_axes {model.rope_axes}: must be even and sum to head_dim {model.head_dim}"
         )
     w = run.devices
-    for name, n in (("data.image_height * data.image_width", data.image_tokens), ("data.text_tokens", data.text_tokens)):
+    sizes = (("data.image_height * data.image_width", data.image_tokens), ("data.text_tokens", data.text_tokens))
+    for name, n in sizes:
         if n % w:
             raise ConfigError(
                 f"{name} = {n} is not divisible by the CP degree {w} (image and text tokens are sharded "
