@@ -22,6 +22,10 @@ class OpTimingCallback(Callback):
         self.flush_every = flush_every
         self._keys: list[str] | None = None
 
+    def on_train_start(self, trainer, pl_module):  # after the module's on_fit_start built the strategy
+        # the backend the strategy actually uses (`auto` can be pinned, e.g. flash under torch CP)
+        self.summary.header["sdpa_backend"] = pl_module.strategy.sdpa_backend
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         pl_module.timer.start_step()
 

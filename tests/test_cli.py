@@ -15,6 +15,7 @@ def test_devices_2_on_cpu_writes_a_valid_summary(tmp_path):
     assert "no GPU found: a tiny CPU config" in r.stderr
     d = json.loads((tmp_path / "summary.json").read_text())
     assert validate(d) == []
+    assert d["sdpa_backend"] == "auto"
     assert d["mode"] == "train" and d["world_size"] == 2 and d["cp"] == "allgather-kv" and d["complete"]
     steps = d["config"]["run"]["steps"]
     assert len(d["loss"]) == steps + d["config"]["run"]["warmup_steps"]
