@@ -197,8 +197,7 @@ class TorchRing(CPStrategy):
     def step_context(self):
         from torch.distributed.tensor.experimental import context_parallel
 
-        stack = super().step_context()
-        self._dummy = torch.zeros(self.world, device=self.device)
+        stack = super().step_context()  # the dummy is restored on exit, so one serves every step
         stack.enter_context(context_parallel(self.mesh, buffers=[self._dummy], buffer_seq_dims=[0]))
         return stack
 
