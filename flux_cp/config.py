@@ -20,6 +20,7 @@ CPU_DEFAULT = CONFIG_DIR / "tiny.yaml"
 CP = Literal["auto", "torch", "allgather-kv", "ulysses", "none"]
 STRATEGIES = ("torch", "allgather-kv", "ulysses", "none")
 HEAD_SHARDING = ("ulysses",)  # strategies that split heads across the CP group
+SIMULATED = ("allgather-kv", "ulysses")  # strategies with a one-process per-rank simulation of training
 
 
 class ConfigError(ValueError):
@@ -76,6 +77,14 @@ class RunConfig:
     group: str = "adhoc"  # sweep id: one wandb dashboard per group
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     timing: bool = True  # op regions (QKV GEMM, SDPA) inside the step
+    timing_ab: bool = False  # overhead check: regions on and off in alternate steps (step_untimed_ms)
+    idle_probe_every: int = 4  # CUDA: every Nth measured step lets the host run ahead -> device_busy_ms (0: off)
+    profile: bool = False  # torch.profiler over profile_steps extra steps after warm-up: traces + kernel breakdown
+    profile_steps: int = 3
+    compile: bool = False  # torch.compile each block (compilation happens in warm-up, never in step times)
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    simulate_world: int = 1  # > 1: one process runs the per-rank compute of a W-way split (no communication)
     dump_grads: bool = False  # save every parameter's gradient after the first step (numerics checks)
 
 
@@ -182,8 +191,21 @@ def resolve(cfg: BenchConfig, *, cuda_available: bool, gpu_count: int) -> BenchC
         raise ConfigError(f"--devices {run.devices}: must be >= 1")
     if run.accelerator == "gpu" and run.devices > gpu_count:
         raise ConfigError(f"--devices {run.devices}: only {gpu_count} GPU(s) visible (use --devices <= {gpu_count})")
+    sim = run.simulate_world
+    if sim < 1:
+        raise ConfigError(f"--simulate-world {sim}: must be >= 1 (1: no simulation)")
+    if sim > 1 and run.devices != 1:
+        raise ConfigError(f"--simulate-world {sim}: simulates W ranks in one process (use --devices 1)")
     if run.cp == "auto":
-        run.cp = "none" if run.devices == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
+        if sim > 1:
+            run.cp = "allgather-kv"
+        else:
+            run.cp = "none" if run.devices == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
+    if sim > 1 and run.cp not in SIMULATED:
+        raise ConfigError(
+            f"--simulate-world {sim} --cp {run.cp}: a training-step simulation exists for {', '.join(SIMULATED)} "
+            "(the ring's chunked compute is simulated by --ops-only --simulate-world)"
+        )
     if run.cp == "torch" and run.accelerator != "gpu":
         raise ConfigError(
             "--cp torch: torch's context_parallel intercepts only CUDA SDPA kernels "
@@ -197,7 +219,20 @@ def resolve(cfg: BenchConfig, *, cuda_available: bool, gpu_count: int) -> BenchC
         raise ConfigError(
             f"--model.rope_axes {model.rope_axes}: must be even and sum to head_dim {model.head_dim}"
         )
-    w = run.devices
+    if run.compile and run.cp == "torch":
+        raise ConfigError(
+            "--compile true --cp torch: torch's context_parallel swaps SDPA at run time and does not compose "
+            "with torch.compile here (docs/results); use --cp ulysses or --cp allgather-kv with --compile"
+        )
+    if run.compile and run.warmup_steps < 2:
+        raise ConfigError(
+            f"--warmup-steps {run.warmup_steps}: --compile compiles (and may recompile) in warm-up; use >= 2"
+        )
+    if run.profile and run.profile_steps < 1:
+        raise ConfigError(f"--profile-steps {run.profile_steps}: must be >= 1 (extra steps after warm-up)")
+    if run.idle_probe_every == 1 or run.idle_probe_every < 0:
+        raise ConfigError(f"--idle-probe-every {run.idle_probe_every}: 0 (off) or >= 2")
+    w = max(run.devices, sim)
     sizes = (("data.image_height * data.image_width", data.image_tokens), ("data.text_tokens", data.text_tokens))
     for name, n in sizes:
         if n % w:
@@ -214,4 +249,6 @@ def resolve(cfg: BenchConfig, *, cuda_available: bool, gpu_count: int) -> BenchC
 
 
 def run_name(cfg: BenchConfig, mode: str = "train") -> str:
-    return f"{mode}-W{cfg.run.devices}-{cfg.run.cp}-s{cfg.data.seq_len}"
+    run = cfg.run
+    w = f"W{run.simulate_world}sim" if run.simulate_world > 1 else f"W{run.devices}"
+    return f"{mode}-{w}-{run.cp}-s{cfg.data.seq_len}" + ("-compiled" if run.compile else "")

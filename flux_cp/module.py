@@ -31,26 +31,36 @@ class FluxCPModule(L.LightningModule):
 
     def train_dataloader(self):
         run = self.cfg.run
-        return DataLoader(SyntheticFlow(self.cfg.data, self.cfg.model, run.warmup_steps + run.steps), batch_size=None)
+        n = run.warmup_steps + (run.profile_steps if run.profile else 0) + run.steps
+        return DataLoader(SyntheticFlow(self.cfg.data, self.cfg.model, n), batch_size=None)
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.model.parameters(), lr=self.cfg.run.lr)
+        # fused: one kernel per parameter group on CUDA, so the optimizer step is not host bound
+        return torch.optim.AdamW(self.model.parameters(), lr=self.cfg.run.lr, fused=self.device.type == "cuda")
 
     def on_fit_start(self):
         run, data = self.cfg.run, self.cfg.data
         rank, world = self.global_rank, self.trainer.world_size
-        self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing)
-        self.strategy = make_strategy(run.cp, rank, world, self.device, run.sdpa_backend, run.rotate)
+        # Op regions would split a compiled graph (graph breaks change what is measured): off under --compile.
+        self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing and not run.compile)
+        self.strategy = make_strategy(
+            run.cp, rank, world, self.device, run.sdpa_backend, run.rotate, simulate_world=run.simulate_world
+        )
         apply_cp(self.model, self.strategy, self.timer)
+        if run.compile:  # per block, like torchtitan: the processor (and its collectives) is traced with it
+            mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
+            for blk in (*self.model.double_blocks, *self.model.single_blocks):
+                blk.compile(mode=mode, backend=run.compile_backend)
+        # A simulated run takes rank 0's shard of a W-way split (all ranks' shards cost the same).
+        self.split = (0, run.simulate_world) if run.simulate_world > 1 else (rank, world)
         # Each rank's RoPE angles: its own text and image tokens' positions, in [text, image] order.
-        txt = shard(text_ids(data.text_tokens), 0, rank, world)
-        img = shard(image_ids(data.image_height, data.image_width), 0, rank, world)
+        txt = shard(text_ids(data.text_tokens), 0, *self.split)
+        img = shard(image_ids(data.image_height, data.image_width), 0, *self.split)
         self.rope = self.model.rope(txt.to(self.device), img.to(self.device))  # (cos, sin), (S_l, head_dim)
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
-        r, w = self.strategy.rank, self.strategy.world
-        x, target, text = (shard(batch[k], 1, r, w) for k in ("x_t", "target", "text"))  # (B, S/W, .)
+        x, target, text = (shard(batch[k], 1, *self.split) for k in ("x_t", "target", "text"))  # (B, S/W, .)
         with self.strategy.step_context():
             pred = self.model(x, text, batch["pooled"], batch["t"], self.rope)
             # Mean over local image tokens. Shards are equal, so the mean of the W local losses is the

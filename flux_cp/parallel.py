@@ -202,10 +202,45 @@ class TorchRing(CPStrategy):
         return stack
 
 
+class SimulatedAllGatherKV(CPStrategy):
+    """One rank of a `sim`-way allgather-kv split, in one process and without the collective: local
+    queries attend to `sim` copies of the local K/V, the gathered tensors' size and layout. Compute
+    and memory traffic are the rank's; the values are not (timing only)."""
+
+    name = "allgather-kv"
+
+    def __init__(self, *args, sim: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sim = sim
+
+    def attention(self, q, k, v):  # (B, H, S_l, D)
+        k, v = torch.stack([k, v]).repeat(1, 1, 1, self.sim, 1).unbind(0)  # (B, H, W * S_l, D) each
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+class SimulatedUlysses(SimulatedAllGatherKV):
+    """One rank of a `sim`-way Ulysses split without the all-to-alls: SDPA over H/W heads and the full
+    W * S_l tokens (the rank's own tokens stand in for the others'), then back to (B, H, S_l, D)."""
+
+    name = "ulysses"
+
+    def attention(self, q, k, v):
+        w = self.sim
+        b, h, s, d = q.shape
+        q, k, v = (x[:, : h // w].repeat(1, 1, w, 1) for x in (q, k, v))  # (B, H/W, W * S_l, D)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return out.reshape(b, h // w, w, s, d).flatten(1, 2)  # (B, H, S_l, D): the all-to-all back's layout
+
+
 STRATEGY_CLASSES = {c.name: c for c in (CPStrategy, AllGatherKV, Ulysses, TorchRing)}
+SIMULATED_CLASSES = {c.name: c for c in (SimulatedAllGatherKV, SimulatedUlysses)}
 
 
-def make_strategy(name: str, rank: int, world: int, device, sdpa_backend="auto", rotate="allgather") -> CPStrategy:
+def make_strategy(
+    name: str, rank: int, world: int, device, sdpa_backend="auto", rotate="allgather", simulate_world: int = 1
+) -> CPStrategy:
+    if simulate_world > 1:
+        return SIMULATED_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, sim=simulate_world)
     kwargs = {"rotate": rotate} if name == "torch" else {}
     return STRATEGY_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, **kwargs)
 

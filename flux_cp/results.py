@@ -71,8 +71,28 @@ class RunSummary:
                 out[name]["rank_min_median"] = statistics.median(self.rank_min[name])
         return out
 
+    def derived(self) -> dict:
+        """Figures computed from the medians: device idle fraction, instrumentation overhead, compile time."""
+        med = {k: statistics.median(v) for k, v in self.per_step.items()}
+        out = {}
+        if "device_busy_ms" in med and "step_ms" in med:  # probe steps: the device's time with the host ahead
+            out["device_idle_frac"] = max(0.0, 1.0 - med["device_busy_ms"] / med["step_ms"])
+        if "step_untimed_ms" in med and "step_ms" in med:  # --timing-ab: regions on vs off, alternating
+            out["timing_overhead_pct"] = 100.0 * (med["step_ms"] / med["step_untimed_ms"] - 1.0)
+        if "warmup_s" in self.header and "step_ms" in med:  # warm-up wall time beyond as many steady steps
+            steady_s = self.header["warmup_steps"] * max(med["step_ms"], med.get("host_ms", 0.0)) / 1e3
+            out["compile_s"] = max(0.0, self.header["warmup_s"] - steady_s)
+        return out
+
     def to_dict(self, complete: bool, error: str | None = None) -> dict:
         d = {"schema": SCHEMA, **self.header, "metrics": self.metrics(), "loss": self.loss, "complete": complete}
+        derived = self.derived()
+        if "device_idle_frac" in derived:
+            d["idle"] = {"device_idle_frac": derived["device_idle_frac"], "source": "events"}
+        if "timing_overhead_pct" in derived:
+            d["timing_overhead_pct"] = derived["timing_overhead_pct"]
+        if "compile" in d and "compile_s" in derived and d["compile"].get("enabled"):
+            d["compile"] = {**d["compile"], "compile_s": derived["compile_s"]}
         d["per_step"] = self.per_step
         if error:
             d["error"] = error

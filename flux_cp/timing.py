@@ -11,6 +11,16 @@ runs backward on the forward stream), so a region's figure is the device time be
 boundaries, idle gaps included: under a host-bound step a region stretches to the host's pace.
 Nothing synchronises inside the step; `StepTimer.read()` is called once after it. On CPU the
 same boundaries are perf_counter readings (ops run synchronously there).
+
+Under `torch` CP the SDPA region is the whole ring: every chunk's kernel, the LSE merges and the
+part of the K/V rotation the kernels could not hide. With `annotate` on (profiling), each region
+is also a profiler range `flux_cp::<name>_fwd|bwd`, so kernels can be attributed to it.
+
+A "probe" step measures the device's busy time with the host out of the way: a spin kernel
+(`torch.cuda._sleep`) holds the stream while the host issues the step, so the step's kernels then
+run back to back. Its step time is `device_busy_ms`; `1 - busy / step` is the device idle fraction,
+i.e. how host bound the step is. (If the step issues more launches than the driver queues, the
+host still stalls and busy is over-estimated: the profiler's figure, `--profile`, checks it.)
 """
 
 import time
@@ -18,6 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
+from torch.autograd.profiler import record_function
 
 
 class _Clock:
@@ -63,20 +74,37 @@ class _Mark(torch.autograd.Function):
 class _Call:
     name: str
     clock: _Clock
+    annotate: bool = False
     stamps: dict = field(default_factory=dict)  # fwd0, fwd1, bwd0, bwd1
+    _ranges: dict = field(default_factory=dict)
+
+    def _open(self, key):
+        if self.annotate:
+            self._ranges[key] = record_function(f"flux_cp::{self.name}_{key}").__enter__()
+
+    def _close(self, key):
+        if key in self._ranges:
+            self._ranges.pop(key).__exit__(None, None, None)
 
     def _set(self, key):
-        def slot():
-            self.stamps[key] = self.clock.stamp()
+        def slot():  # runs in the autograd engine's thread, which opens and closes the bwd range
+            if key == "bwd1":
+                self.stamps[key] = self.clock.stamp()
+                self._close("bwd")
+            else:
+                self._open("bwd")
+                self.stamps[key] = self.clock.stamp()
 
         return slot
 
     def enter(self, *xs):
+        self._open("fwd")
         self.stamps["fwd0"] = self.clock.stamp()
         return _mark(self._set("bwd1"), xs)
 
     def exit(self, *xs):
         self.stamps["fwd1"] = self.clock.stamp()
+        self._close("fwd")
         return _mark(self._set("bwd0"), xs)
 
 
@@ -102,20 +130,41 @@ class StepTimer:
     def __init__(self, cuda: bool, enabled: bool = True):
         self.clock = _Clock(cuda)
         self.enabled = enabled  # op regions; the step boundaries are always recorded
+        self.annotate = False  # profiler ranges around the regions (set while profiling)
+        self._regions_on = False  # this step's regions
         self._calls: list[_Call] = []
         self._step: dict = {}
+        self._cycles_per_ms: float | None = None
 
     def open(self, name: str):
-        if not self.enabled or not self._step:
+        if not self._regions_on:
             return _NoCall
-        call = _Call(name, self.clock)
+        call = _Call(name, self.clock, self.annotate)
         self._calls.append(call)
         return call
 
-    def start_step(self):
+    def start_step(self, regions: bool = True, probe_ms: float = 0.0):
+        """Open a step. regions: time the op regions in it. probe_ms > 0 (CUDA): hold the stream that
+        long before the step's first boundary, so the host runs ahead and the step shows busy time."""
         self.clock.reset()
         self._calls.clear()
-        self._step = {"host0": time.perf_counter(), "dev0": self.clock.stamp()}
+        self._regions_on = self.enabled and regions
+        host0 = time.perf_counter()
+        if probe_ms > 0 and self.clock.cuda:
+            torch.cuda._sleep(int(probe_ms * self.cycles_per_ms()))
+        self._step = {"host0": host0, "dev0": self.clock.stamp()}
+
+    def cycles_per_ms(self) -> float:
+        """Spin-kernel cycles per millisecond on this GPU, measured once with events."""
+        if self._cycles_per_ms is None:
+            a, b, n = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), 20_000_000
+            torch.cuda._sleep(n)  # first call loads the kernel
+            a.record()
+            torch.cuda._sleep(n)
+            b.record()
+            b.synchronize()
+            self._cycles_per_ms = n / a.elapsed_time(b)
+        return self._cycles_per_ms
 
     def end_step(self):
         self._step["dev1"] = self.clock.stamp()
@@ -142,4 +191,5 @@ class StepTimer:
             out[f"{key}_ms"] = sum(vals)
             out[f"{key}_call_ms"] = sum(vals) / len(vals)
         self._step = {}
+        self._regions_on = False
         return out

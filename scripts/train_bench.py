@@ -41,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(cfg) -> int:
     import lightning as L
-    from lightning.pytorch.loggers import WandbLogger
+    from lightning.pytorch.callbacks import RichProgressBar
     from lightning.pytorch.strategies import DDPStrategy
 
-    from callbacks import OpTimingCallback
+    from callbacks import KernelProfileCallback, OpTimingCallback, ResilientWandbLogger
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
     from flux_cp.results import env_info
@@ -57,7 +57,7 @@ def train(cfg) -> int:
     warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
 
     module = FluxCPModule(cfg)
-    # torch's CP needs a process group (its device mesh) even at world size 1.
+    # torch's CP needs a process group (its device mesh) even at world size 1; a simulation needs none.
     distributed = run.devices > 1 or run.cp == "torch"
     strategy = (
         DDPStrategy(process_group_backend="nccl" if run.accelerator == "gpu" else "gloo")
@@ -73,12 +73,27 @@ def train(cfg) -> int:
         "config": cfg.to_dict(),
         "env": env_info("cuda" if run.accelerator == "gpu" else "cpu"),
         "params": num_params(module.model),
-        "tokens_per_rank": cfg.data.seq_len // run.devices,
+        "tokens_per_rank": cfg.data.seq_len // max(run.devices, run.simulate_world),
+        "simulate_world": run.simulate_world if run.simulate_world > 1 else None,
+        "compile": {"enabled": run.compile, "mode": run.compile_mode if run.compile else None,
+                    "backend": run.compile_backend if run.compile else None},
+        "op_regions": run.timing and not run.compile,  # regions would split compiled graphs: off under --compile
     }
-    timing = OpTimingCallback(out / "summary.json", header, run.warmup_steps)
+    profile_steps = run.profile_steps if run.profile else 0  # extra steps after warm-up, out of the statistics
+    timing = OpTimingCallback(
+        out / "summary.json",
+        header,
+        run.warmup_steps,
+        profile_steps=profile_steps,
+        timing_ab=run.timing_ab,
+        idle_probe_every=run.idle_probe_every,
+    )
+    callbacks = [timing, RichProgressBar()]
+    if run.profile:
+        callbacks.append(KernelProfileCallback(timing, out, run.warmup_steps, profile_steps))
     logger = False
     if run.wandb_mode != "disabled":
-        logger = WandbLogger(
+        logger = ResilientWandbLogger(
             project="flux-cp",
             name=name,
             group=run.group,
@@ -92,9 +107,9 @@ def train(cfg) -> int:
         devices=run.devices,
         strategy=strategy,
         precision=run.precision,
-        max_steps=run.warmup_steps + run.steps,
+        max_steps=run.warmup_steps + profile_steps + run.steps,
         logger=logger,
-        callbacks=[timing],
+        callbacks=callbacks,
         default_root_dir=str(out),
         enable_checkpointing=False,
         enable_model_summary=False,
@@ -106,6 +121,8 @@ def train(cfg) -> int:
     trainer.fit(module)
     if trainer.global_rank == 0:
         print_summary(timing.summary.to_dict(complete=True), out / "summary.json")
+        if logger and logger.failed:
+            print(f"train_bench.py: wandb failed ({logger.failed}); summary.json is complete", file=sys.stderr)
     return 0
 
 
@@ -123,6 +140,18 @@ def print_summary(d: dict, path: Path) -> None:
         table.add_row(name, f"{m['median']:.3f}", f"{m['min']:.3f}", f"{m['max']:.3f}", spread)
     console = Console(stderr=True)
     console.print(table)
+    notes = []
+    if "idle" in d:
+        notes.append(f"device idle {100 * d['idle']['device_idle_frac']:.1f}% of the step (events)")
+    if "timing_overhead_pct" in d:
+        notes.append(f"instrumentation overhead {d['timing_overhead_pct']:+.2f}% (alternating steps)")
+    if d.get("compile", {}).get("compile_s") is not None:
+        notes.append(f"compile {d['compile']['compile_s']:.1f} s (warm-up, not in step times)")
+    if "profile" in d:
+        p = d["profile"]
+        notes.append(f"profiler: device idle {100 * p.get('idle_frac', 0):.1f}%, traces in {path.parent / 'traces'}")
+    for n in notes:
+        console.print(n)
     console.print(f"loss: first {d['loss'][0]:.6f}  last {d['loss'][-1]:.6f}   summary: {path}", soft_wrap=True)
 
 
