@@ -35,6 +35,10 @@ class ResilientWandbLogger(WandbLogger):
     def log_metrics(self, metrics, step=None) -> None:
         self._guard(super().log_metrics, metrics, step)
 
+    def log_summary(self, values: dict) -> None:
+        """Final figures of the run: wandb's run table and run comparison show the summary."""
+        self._guard(lambda: self.experiment.summary.update(values))
+
     def finalize(self, status: str) -> None:
         self._guard(super().finalize, status)
 

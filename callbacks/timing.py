@@ -101,12 +101,9 @@ class OpTimingCallback(Callback):
         if trainer.global_rank != 0:
             return
         self.summary.write(complete=True)  # before the logger is finalised: a wandb failure loses nothing
-        exp = getattr(trainer.logger, "experiment", None)
-        if exp is not None and hasattr(exp, "summary"):  # medians in wandb's run table
-            for name, m in self.summary.metrics().items():
-                exp.summary[f"{name}/median"] = m["median"]
-            for name, v in self.summary.derived().items():
-                exp.summary[name] = v
+        if hasattr(trainer.logger, "log_summary"):  # medians in wandb's run table (ResilientWandbLogger)
+            medians = {f"{name}/median": m["median"] for name, m in self.summary.metrics().items()}
+            trainer.logger.log_summary(medians | self.summary.derived())
 
     def on_exception(self, trainer, pl_module, exception):
         if trainer.global_rank == 0:

@@ -229,7 +229,7 @@ class SimulatedUlysses(SimulatedAllGatherKV):
         b, h, s, d = q.shape
         q, k, v = (x[:, : h // w].repeat(1, 1, w, 1) for x in (q, k, v))  # (B, H/W, W * S_l, D)
         out = F.scaled_dot_product_attention(q, k, v)
-        return out.reshape(b, h // w, w, s, d).flatten(1, 2)  # (B, H, S_l, D): the all-to-all back's layout
+        return out.reshape(b, h // w, w, s, d).transpose(1, 2).reshape(b, h, s, d)  # (B, H, S_l, D), rank-major
 
 
 STRATEGY_CLASSES = {c.name: c for c in (CPStrategy, AllGatherKV, Ulysses, TorchRing)}

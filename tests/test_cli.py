@@ -46,6 +46,11 @@ BAD = [
     (["--model.num_hedz", 3], "num_hedz"),
     (["--cp", "ring"], "--cp:"),
     (["--steps", "many"], "--steps:"),
+    (["--simulate-world", 2, "--devices", 2], "--simulate-world 2: simulates W ranks in one process"),
+    (["--simulate-world", 8, "--cp", "ulysses"], "--model.num_heads 4 is not divisible by the CP degree 8"),
+    (["--simulate-world", 5], "not divisible by the CP degree 5"),
+    (["--compile", "true", "--warmup-steps", 1], "--warmup-steps 1: --compile"),
+    (["--profile", "true", "--profile-steps", 0], "--profile-steps 0"),
 ]
 
 

@@ -2,7 +2,7 @@ import torch
 
 from flux_cp.config import ModelConfig
 from flux_cp.model import FluxDiT, image_ids, text_ids
-from flux_cp.parallel import shard, shard_joint, unshard_joint
+from flux_cp.parallel import make_strategy, shard, shard_joint, unshard_joint
 
 
 def test_shard_then_gather_is_identity():
@@ -29,3 +29,17 @@ def test_image_ids_are_row_major_positions():
     assert ids.shape == (12, 3)
     assert ids[5].tolist() == [0.0, 1.0, 1.0]  # row 1, col 1
     assert torch.equal(text_ids(4), torch.zeros(4, 3))
+
+
+def test_simulated_strategies_do_the_ranks_work():
+    """A W-way simulation attends over W copies of the local K/V: the softmax weights of copies are equal,
+    so the output equals plain local attention, while the SDPA call has the real rank's shapes."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 6, 8, dtype=torch.float64) for _ in range(3))  # (B, H, S_l, D)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    sim = make_strategy("allgather-kv", 0, 1, torch.device("cpu"), simulate_world=4)
+    torch.testing.assert_close(sim.attention(q, k, v), ref)
+    uly = make_strategy("ulysses", 0, 1, torch.device("cpu"), simulate_world=2)
+    out = uly.attention(q, k, v)  # the rank's 2 heads over 2 x 6 tokens, laid back out as (B, H, S_l, D)
+    assert out.shape == q.shape
+    torch.testing.assert_close(out, ref[:, :2].repeat(1, 2, 1, 1))

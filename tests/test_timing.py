@@ -1,0 +1,117 @@
+"""The timing callback end to end on CPU: two real ranks, every metric, the regions' arithmetic, the
+profiler breakdown beside the events, the wandb offline run read back, and a failing wandb."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from flux_cp.profiling import breakdown
+from flux_cp.results import TRAIN_METRICS, validate
+
+from .conftest import TINY, bench
+from .wandb_records import run_info
+
+OPS = ("sdpa_fwd", "sdpa_bwd", "qkv_gemm_fwd", "qkv_gemm_bwd")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """W=2 allgather-kv, wandb offline, instrumentation alternating on/off, 2 profiled steps."""
+    out = tmp_path_factory.mktemp("w2")
+    r = bench("--config", TINY, "--devices", 2, "--steps", 6, "--warmup-steps", 1, "--timing-ab", "true",
+              "--profile", "true", "--profile-steps", 2, "--group", "sweep-t", "--output", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, json.loads((out / "summary.json").read_text())
+
+
+def test_every_metric_positive_finite_and_valid(two_ranks):
+    _, d = two_ranks
+    assert validate(d) == [] and d["complete"] and d["world_size"] == 2
+    assert len(d["loss"]) == 1 + 2 + 6  # warm-up, profiled and measured steps all keep their loss
+    for name in (*TRAIN_METRICS, *(f"{op}_call_ms" for op in OPS), "step_untimed_ms"):
+        m = d["metrics"][name]
+        assert m["n"] == 3, name  # 6 measured steps, alternating: 3 with regions, 3 without
+        assert all(math.isfinite(m[k]) and m[k] > 0 for k in ("median", "min", "max")), name
+        assert 0 < m["rank_min_median"] <= m["rank_max_median"], name
+    assert math.isfinite(d["timing_overhead_pct"])
+
+
+def test_regions_are_parts_of_the_step(two_ranks):
+    _, d = two_ranks
+    steps = d["per_step"]["step_ms"]
+    for i, step in enumerate(steps):  # per step, on rank 0
+        ops = sum(d["per_step"][f"{op}_ms"][i] for op in OPS)
+        assert 0 < ops < step
+    # summed over blocks = per call x calls (2 double + 2 single blocks in tiny)
+    blocks = d["config"]["model"]["double_blocks"] + d["config"]["model"]["single_blocks"]
+    for op in OPS:
+        total, per_call = d["per_step"][f"{op}_ms"], d["per_step"][f"{op}_call_ms"]
+        assert all(math.isclose(t, c * blocks, rel_tol=1e-9) for t, c in zip(total, per_call))
+
+
+def test_profile_breakdown_and_traces(two_ranks):
+    out, d = two_ranks
+    p = d["profile"]
+    assert p["device"] == "cpu" and p["steps"] == 2
+    for rank_file in p["trace_files"]:
+        assert json.loads((out / rank_file).read_text())["traceEvents"]
+    b = p["breakdown_ms"]
+    assert b["attention"] > 0 and b["gemm"] > 0 and b["comm_attention"] > 0  # all-gathers of K/V on gloo
+    parts = b["attention"] + b["gemm"] + b["comm_attention"] + b["comm_grad"] + b["other"]
+    assert math.isclose(parts, b["step"], rel_tol=1e-6) and b["idle"] == 0
+    for op in OPS:  # the same regions seen by events and by the profiler's ops inside them
+        f = p["fidelity"][op]
+        assert f["kernels_ms"] > 0 and f["events_ms"] >= f["kernels_ms"] * 0.9
+
+
+def test_wandb_offline_run_holds_the_same_medians(two_ranks):
+    out, d = two_ranks
+    runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    info = run_info(runs[0])
+    assert info["name"] == d["run_name"] == "train-W2-allgather-kv-s144"
+    assert info["group"] == "sweep-t" and info["job_type"] == "train"
+    assert info["config"]["run"]["devices"] == 2 and info["config"]["env"]["torch"] == torch.__version__
+    for name, m in d["metrics"].items():
+        assert info["summary"][f"{name}/median"] == pytest.approx(m["median"], rel=1e-12), name
+    assert info["summary"]["timing_overhead_pct"] == pytest.approx(d["timing_overhead_pct"])
+
+
+def test_failing_wandb_costs_nothing(tmp_path):
+    """Online mode with no API key: wandb.init raises; the run completes and summary.json is whole."""
+    env = {"WANDB_API_KEY": "", "HOME": str(tmp_path), "WANDB_DIR": str(tmp_path), "WANDB_BASE_URL": "http://127.0.0.1:9"}
+    r = bench("--config", TINY, "--steps", 2, "--wandb-mode", "online", "--output", tmp_path / "run", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "wandb failed" in r.stderr
+    d = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert d["complete"] and validate(d) == [] and d["metrics"]["step_ms"]["n"] == 2
+
+
+def test_kernel_breakdown_of_a_cuda_trace():
+    """The CUDA path of the parser on a small trace: launches matched by correlation, overlap counted once."""
+
+    def launch(ts, corr):
+        return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 1, "args": {"correlation": corr}}
+
+    def kernel(name, ts, dur, corr):
+        return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+    ev = [
+        {"cat": "user_annotation", "name": "flux_cp::step5", "ts": 0, "dur": 100},
+        {"cat": "user_annotation", "name": "flux_cp::qkv_gemm_fwd", "ts": 10, "dur": 5},
+        {"cat": "user_annotation", "name": "flux_cp::sdpa_fwd", "ts": 20, "dur": 5},
+        launch(11, 1), kernel("sm90_xmma_gemm_bf16", 100, 400, 1),
+        launch(21, 2), kernel("flash_fwd_kernel", 500, 300, 2),
+        launch(30, 3), kernel("ncclDevKernel_AllReduce_Sum_bf16", 700, 200, 3),  # overlaps the flash kernel
+        launch(40, 4), kernel("vectorized_elementwise_kernel", 1000, 100, 4),  # 100 us gap before it
+        launch(200, 5), kernel("flash_fwd_kernel", 2000, 10, 5),  # launched after the step: not counted
+    ]
+    b = breakdown(ev)
+    assert b["device"] == "cuda" and b["steps"] == 1
+    assert b["breakdown_ms"] == pytest.approx(
+        {"attention": 0.3, "gemm": 0.4, "comm_attention": 0.0, "comm_grad": 0.2, "other": 0.1,
+         "busy": 0.9, "idle": 0.1, "step": 1.0}
+    )
+    assert b["ops_call_ms"] == pytest.approx({"qkv_gemm_fwd": 0.4, "sdpa_fwd": 0.3})
