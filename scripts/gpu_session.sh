@@ -1,26 +1,47 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark of a session, in one call on the lent device (see README, "On a GPU").
-# Usage: OUT=/some/dir scripts/gpu_session.sh [steps]   -> $OUT/session.log, $OUT/runs.tar.gz
+# Every GPU test and benchmark of a session, in one call on the lent device, by section.
+# Usage: OUT=/some/dir scripts/gpu_session.sh SECTION...   (sections below; default: all)
+#   -> $OUT/session.log, $OUT/runs.tar.gz (summaries, traces; no wandb binaries)
 set -u
 OUT=${OUT:-runs/gpu_session}; mkdir -p "$OUT"
-STEPS=${1:-20}
 export PYTHONUNBUFFERED=1 WANDB_SILENT=true
-R=runs/gpu; rm -rf "$R"; mkdir -p "$R"
+R=runs/gpu; mkdir -p "$R"
+F=configs/flux_4608.yaml
+TB="python3 scripts/train_bench.py --config $F --devices 1 --group gpu-session"
 log() { echo "== $(date -u +%FT%TZ) $*"; }
-{
-  log "device"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
-  python3 -c "import torch, lightning, diffusers; print('torch', torch.__version__, 'lightning', lightning.__version__, 'diffusers', diffusers.__version__)"
-  log "pytest -m gpu"; python3 -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tail -15
-  F=configs/flux_4608.yaml
-  for cp in none torch; do
-    log "train $cp"; python3 scripts/train_bench.py --config $F --devices 1 --cp $cp --steps "$STEPS" \
-      --group gpu-session --output $R/train-$cp 2>&1 | tail -14
-    log "train $cp, op timing off"; python3 scripts/train_bench.py --config $F --devices 1 --cp $cp --steps "$STEPS" \
-      --timing false --wandb-mode disabled --output $R/train-$cp-notiming 2>&1 | tail -6
-  done
-  log "train torch alltoall"; python3 scripts/train_bench.py --config $F --devices 1 --cp torch --rotate alltoall \
-    --steps "$STEPS" --wandb-mode disabled --output $R/train-torch-alltoall 2>&1 | tail -12
-  log "wandb files"; find $R -name "*.wandb" | head
-  log "done"
-} 2>&1 | tee "$OUT/session.log"
-tar czf "$OUT/runs.tar.gz" --exclude='*.wandb' "$R" 2>/dev/null
+tb() { local name=$1; shift; log "train $name: $*"; $TB --output "$R/$name" "$@" 2>&1 | grep -vE "Warning|warn\(|^\s*$" | tail -18; }
+
+device() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  python3 -c "import torch, lightning, diffusers, wandb; print('torch', torch.__version__, 'lightning', lightning.__version__, 'diffusers', diffusers.__version__, 'wandb', wandb.__version__)"
+}
+
+gpu_tests() { log "pytest -m gpu"; python3 -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tail -15; }
+
+# Issue 3: instrumentation overhead (regions on/off alternating in one process) and fidelity (profiler).
+timing() {
+  tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
+  tb w1-torch-profile --cp torch --steps 20 --warmup-steps 5 --profile true --profile-steps 3 --wandb-mode disabled
+}
+
+# Issue 6: eager vs compiled, per-rank steps simulated at W = 2, 4, 8 (one GPU, no communication).
+simulate() {
+  tb w1-none --cp none --steps 20 --warmup-steps 3 --wandb-mode disabled
+  tb w1-none-compiled --cp none --compile true --steps 20 --warmup-steps 3 --wandb-mode disabled
+  for w in 2 8; do for cp in allgather-kv ulysses; do
+    tb sim$w-$cp --simulate-world $w --cp $cp --steps 20 --warmup-steps 3 --wandb-mode disabled
+    tb sim$w-$cp-compiled --simulate-world $w --cp $cp --compile true --steps 20 --warmup-steps 3 --wandb-mode disabled
+  done; done
+  tb sim4-ulysses-compiled --simulate-world 4 --cp ulysses --compile true --steps 20 --warmup-steps 3 --wandb-mode disabled
+}
+
+# torch.compile of a block under torch's context_parallel (world size 1): does it compose on this torch?
+compile_cp() { log "compile under context_parallel"; python3 scripts/check_compile_cp.py 2>&1 | tail -8; }
+
+sections=${*:-"device timing compile_cp simulate gpu_tests"}
+for s in $sections; do
+  { log "section $s"; $s; } 2>&1 | tee -a "$OUT/session.log"
+  # after every section: a call cut short at its time limit still brings back what was measured
+  tar czf "$OUT/runs.tar.gz" --exclude='*.wandb' --exclude='debug*.log' "$R" 2>/dev/null
+done
+log "done" | tee -a "$OUT/session.log"
