@@ -80,7 +80,7 @@ class OpTimingCallback(Callback):
         row = [local[k] for k in keys] + [outputs["loss"].item()]
         vec = torch.tensor(row, device=pl_module.device, dtype=torch.float64)
         every = trainer.strategy.all_gather(vec).reshape(-1, len(keys) + 1).cpu()  # (W, M + 1)
-        loss = every[:, -1].mean().item()  # equal shards: global loss = mean of the ranks' losses
+        loss = every[:, -1].mean().item()  # equal shards of equally many samples: global loss = mean over dp x cp ranks
         if trainer.global_rank != 0:
             return
         vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()

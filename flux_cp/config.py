@@ -7,6 +7,7 @@ Model and data settings are nested (`--model.num_heads 4`); run settings are top
 
 import argparse
 import dataclasses
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -64,7 +65,10 @@ class DataConfig:
 
 @dataclass
 class RunConfig:
-    devices: int = 1
+    devices: int = 1  # per node
+    num_nodes: int = 1  # Lightning's cluster environments (torchrun, SLURM, NODE_RANK + MASTER_ADDR) join them
+    cp_degree: int | None = None  # ranks per CP group; default: all of them (pure CP). dp = ranks / cp_degree
+    weights: Literal["ddp", "fsdp"] = "ddp"  # replicated + all-reduce, or FSDP2 sharded over all dp x cp ranks
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     cp: CP = "auto"
     rotate: Literal["allgather", "alltoall"] = "allgather"  # torch ring: how K/V shards move
@@ -86,6 +90,15 @@ class RunConfig:
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     simulate_world: int = 1  # > 1: one process runs the per-rank compute of a W-way split (no communication)
     dump_grads: bool = False  # save every parameter's gradient after the first step (numerics checks)
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many CP groups, each on its own samples."""
+        return self.world_size // (self.cp_degree or self.world_size)
 
 
 @dataclass
@@ -180,7 +193,9 @@ def _one_line(msg: str) -> str:
     return text
 
 
-def resolve(cfg: BenchConfig, *, cuda_available: bool, gpu_count: int) -> BenchConfig:
+def resolve(
+    cfg: BenchConfig, *, cuda_available: bool, gpu_count: int, env: dict[str, str] | None = None
+) -> BenchConfig:
     """Fill `auto` settings and check the combination, before any process is spawned."""
     run, model, data = cfg.run, cfg.model, cfg.data
     if run.accelerator == "auto":
@@ -191,16 +206,26 @@ def resolve(cfg: BenchConfig, *, cuda_available: bool, gpu_count: int) -> BenchC
         raise ConfigError(f"--devices {run.devices}: must be >= 1")
     if run.accelerator == "gpu" and run.devices > gpu_count:
         raise ConfigError(f"--devices {run.devices}: only {gpu_count} GPU(s) visible (use --devices <= {gpu_count})")
+    check_nodes(run, os.environ if env is None else env)
+    ranks = run.world_size
+    if run.cp_degree is None:
+        run.cp_degree = ranks  # pure CP, as with one node
+    if run.cp_degree < 1 or ranks % run.cp_degree:
+        raise ConfigError(
+            f"--cp-degree {run.cp_degree}: must divide the {ranks} ranks (--devices {run.devices} x --num-nodes "
+            f"{run.num_nodes} = data-parallel degree x CP degree: pick one of "
+            f"{[k for k in range(1, ranks + 1) if ranks % k == 0]})"
+        )
     sim = run.simulate_world
     if sim < 1:
         raise ConfigError(f"--simulate-world {sim}: must be >= 1 (1: no simulation)")
-    if sim > 1 and run.devices != 1:
+    if sim > 1 and ranks != 1:
         raise ConfigError(f"--simulate-world {sim}: simulates W ranks in one process (use --devices 1)")
     if run.cp == "auto":
         if sim > 1:
             run.cp = "allgather-kv"
         else:
-            run.cp = "none" if run.devices == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
+            run.cp = "none" if run.cp_degree == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
     if sim > 1 and run.cp not in SIMULATED:
         raise ConfigError(
             f"--simulate-world {sim} --cp {run.cp}: a training-step simulation exists for {', '.join(SIMULATED)} "
@@ -211,8 +236,10 @@ def resolve(cfg: BenchConfig, *, cuda_available: bool, gpu_count: int) -> BenchC
             "--cp torch: torch's context_parallel intercepts only CUDA SDPA kernels "
             "(use --cp allgather-kv on CPU, or run on a GPU)"
         )
-    if run.cp == "none" and run.devices > 1:
-        raise ConfigError(f"--cp none: no context parallelism across {run.devices} devices (use --devices 1)")
+    if run.cp == "none" and run.cp_degree > 1:
+        raise ConfigError(
+            f"--cp none: no context parallelism across a CP group of {run.cp_degree} ranks (use --cp-degree 1)"
+        )
     if run.steps < 1 or run.warmup_steps < 0:
         raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
     if sum(model.rope_axes) != model.head_dim or any(a % 2 for a in model.rope_axes):
@@ -232,23 +259,48 @@ def resolve(cfg: BenchConfig, *, cuda_available: bool, gpu_count: int) -> BenchC
         raise ConfigError(f"--profile-steps {run.profile_steps}: must be >= 1 (extra steps after warm-up)")
     if run.idle_probe_every == 1 or run.idle_probe_every < 0:
         raise ConfigError(f"--idle-probe-every {run.idle_probe_every}: 0 (off) or >= 2")
-    w = max(run.devices, sim)
+    w = max(run.cp_degree, sim)
     sizes = (("data.image_height * data.image_width", data.image_tokens), ("data.text_tokens", data.text_tokens))
     for name, n in sizes:
         if n % w:
             raise ConfigError(
                 f"{name} = {n} is not divisible by the CP degree {w} (image and text tokens are sharded "
-                f"separately: pick sizes divisible by {w}, or another --devices)"
+                f"separately: pick sizes divisible by {w}, or another --devices / --cp-degree)"
             )
     if run.cp in HEAD_SHARDING and model.num_heads % w:
         raise ConfigError(
             f"--model.num_heads {model.num_heads} is not divisible by the CP degree {w}, which --cp {run.cp} "
-            f"needs (it shards heads: use --devices dividing {model.num_heads}, or --cp allgather-kv)"
+            f"needs (it shards heads: use a --cp-degree dividing {model.num_heads}, or --cp allgather-kv)"
         )
     return cfg
 
 
+def check_nodes(run: RunConfig, env) -> None:
+    """The node count must agree with the launcher that started us (torchrun, SLURM, NODE_RANK)."""
+    if run.num_nodes < 1:
+        raise ConfigError(f"--num-nodes {run.num_nodes}: must be >= 1")
+    for var in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID"):  # Lightning / torchrun / SLURM name for it
+        if var in env and not 0 <= int(env[var]) < run.num_nodes:
+            raise ConfigError(
+                f"--num-nodes {run.num_nodes}: this node has {var}={env[var]}, node ranks run 0..{run.num_nodes - 1}"
+                " (set --num-nodes to the number of nodes launched)"
+            )
+    if "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE", run.world_size)) != run.world_size:
+        raise ConfigError(
+            f"--num-nodes {run.num_nodes} x --devices {run.devices} = {run.world_size} ranks, but torchrun started "
+            f"WORLD_SIZE={env['WORLD_SIZE']} (use --num-nodes = --nnodes and --devices = --nproc-per-node)"
+        )
+    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):  # as Lightning detects it
+        if int(env.get("SLURM_NNODES", run.num_nodes)) != run.num_nodes:
+            raise ConfigError(
+                f"--num-nodes {run.num_nodes}: the SLURM job has SLURM_NNODES={env['SLURM_NNODES']} (use --num-nodes "
+                f"{env['SLURM_NNODES']}, and --devices = --ntasks-per-node)"
+            )
+
+
 def run_name(cfg: BenchConfig, mode: str = "train") -> str:
     run = cfg.run
-    w = f"W{run.simulate_world}sim" if run.simulate_world > 1 else f"W{run.devices}"
-    return f"{mode}-{w}-{run.cp}-s{cfg.data.seq_len}" + ("-compiled" if run.compile else "")
+    w = f"W{run.simulate_world}sim" if run.simulate_world > 1 else f"W{run.world_size}"
+    dp = f"-dp{run.dp}" if run.dp > 1 else ""
+    fsdp = "-fsdp" if run.weights == "fsdp" else ""
+    return f"{mode}-{w}{dp}-{run.cp}{fsdp}-s{cfg.data.seq_len}" + ("-compiled" if run.compile else "")

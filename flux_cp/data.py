@@ -1,8 +1,13 @@
 """Synthetic rectified-flow batches, identical on every CP rank (each rank then takes its shard).
 
-Step i's batch comes from a generator seeded with (seed, i), so every rank, world size and
-strategy sees the same data and their losses can be compared step by step.
+Step i's global batch (dp x batch_size samples) comes from a generator seeded with (seed, i), so
+every rank, world size and strategy sees the same data and their losses can be compared step by
+step. Like a distributed sampler over the dp dimension, dp rank d takes samples
+[d * batch_size, (d + 1) * batch_size) of it: a dp=2 run trains on the same two samples as one
+process with batch_size 2.
 """
+
+import dataclasses
 
 import torch
 from torch.utils.data import IterableDataset
@@ -27,12 +32,16 @@ def make_batch(data: DataConfig, model: ModelConfig, step: int) -> dict[str, tor
 
 
 class SyntheticFlow(IterableDataset):
-    def __init__(self, data: DataConfig, model: ModelConfig, steps: int):
+    def __init__(self, data: DataConfig, model: ModelConfig, steps: int, dp_rank: int = 0, dp: int = 1):
         self.data, self.model, self.steps = data, model, steps
+        self.dp_rank, self.dp = dp_rank, dp
 
     def __iter__(self):
+        b = self.data.batch_size
+        whole = dataclasses.replace(self.data, batch_size=b * self.dp)  # the global batch
         for i in range(self.steps):
-            yield make_batch(self.data, self.model, i)
+            batch = make_batch(whole, self.model, i)
+            yield {k: v[self.dp_rank * b : (self.dp_rank + 1) * b] for k, v in batch.items()}  # this dp rank's samples
 
     def __len__(self):
         return self.steps

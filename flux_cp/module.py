@@ -1,8 +1,8 @@
 """The LightningModule: one Flux training step under a CP strategy.
 
 Manual optimization, so that the strategy's context (torch's context_parallel patches SDPA for
-forward AND backward) wraps both passes of the step. Weights are replicated on every CP rank;
-DDP averages their gradients.
+forward AND backward) wraps both passes of the step. Weights are replicated (DDP) or sharded (FSDP2)
+over all dp x cp ranks of the (dp, cp) mesh: see flux_cp.mesh.
 """
 
 from pathlib import Path
@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from flux_cp.config import BenchConfig
 from flux_cp.data import SyntheticFlow
+from flux_cp.mesh import build_mesh, full_grads, shard_weights
 from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.parallel import apply_cp, make_strategy, shard
 from flux_cp.timing import StepTimer
@@ -27,12 +28,23 @@ class FluxCPModule(L.LightningModule):
         torch.manual_seed(cfg.data.seed)  # same random init at every world size and strategy
         self.model = FluxDiT(cfg.model)
         self.strategy = None  # set in on_fit_start, once ranks and devices are known
+        self.mesh = None  # (dp, cp) DeviceMesh, set in configure_model
         self.timer = StepTimer(cuda=False, enabled=False)
 
     def train_dataloader(self):
         run = self.cfg.run
         n = run.warmup_steps + (run.profile_steps if run.profile else 0) + run.steps
-        return DataLoader(SyntheticFlow(self.cfg.data, self.cfg.model, n), batch_size=None)
+        dp_rank = self.global_rank // run.cp_degree  # cp is the mesh's inner dim
+        return DataLoader(SyntheticFlow(self.cfg.data, self.cfg.model, n, dp_rank, run.dp), batch_size=None)
+
+    def configure_model(self):
+        if self.mesh is not None:  # Lightning may call this hook more than once
+            return
+        run = self.cfg.run
+        device_type = self.trainer.strategy.root_device.type  # the module is still on CPU here
+        self.mesh = build_mesh(device_type, run.dp, run.cp_degree)
+        if run.weights == "fsdp":  # all dp x cp ranks: Lightning's data_parallel dim (flux_cp.mesh.lightning_strategy)
+            shard_weights(self.model, self.device_mesh["data_parallel"])
 
     def configure_optimizers(self):
         # fused: one kernel per parameter group on CUDA, so the optimizer step is not host bound
@@ -40,11 +52,13 @@ class FluxCPModule(L.LightningModule):
 
     def on_fit_start(self):
         run, data = self.cfg.run, self.cfg.data
-        rank, world = self.global_rank, self.trainer.world_size
+        cp_mesh = self.mesh["cp"] if self.mesh is not None else None
+        rank, world = (cp_mesh.get_local_rank(), cp_mesh.size()) if cp_mesh is not None else (0, 1)  # in the CP group
         # Op regions would split a compiled graph (graph breaks change what is measured): off under --compile.
         self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing and not run.compile)
         self.strategy = make_strategy(
-            run.cp, rank, world, self.device, run.sdpa_backend, run.rotate, simulate_world=run.simulate_world
+            run.cp, rank, world, self.device, run.sdpa_backend, run.rotate, simulate_world=run.simulate_world,
+            mesh=cp_mesh,
         )
         apply_cp(self.model, self.strategy, self.timer)
         if run.compile:  # per block, like torchtitan: the processor (and its collectives) is traced with it
@@ -63,18 +77,22 @@ class FluxCPModule(L.LightningModule):
         x, target, text = (shard(batch[k], 1, *self.split) for k in ("x_t", "target", "text"))  # (B, S/W, .)
         with self.strategy.step_context():
             pred = self.model(x, text, batch["pooled"], batch["t"], self.rope)
-            # Mean over local image tokens. Shards are equal, so the mean of the W local losses is the
-            # global mean, and DDP's average of local gradients is the gradient of the global loss.
+            # Mean over local image tokens of this rank's samples. Every rank holds the same number of tokens
+            # (equal sequence shards of equally many samples), so the mean of the dp x cp local losses is the
+            # global mean, and averaging gradients over all dp x cp ranks (DDP all-reduce, FSDP reduce-scatter)
+            # gives the gradient of the global loss.
             loss = F.mse_loss(pred.float(), target.float())
             opt.zero_grad(set_to_none=True)
             self.manual_backward(loss)
         opt.step()
-        if self.cfg.run.dump_grads and batch_idx == 0 and self.global_rank == 0:
+        if self.cfg.run.dump_grads and batch_idx == 0:
             self._dump_grads()
         return {"loss": loss.detach()}
 
     def _dump_grads(self):
-        grads = {n: p.grad.detach().double().cpu() for n, p in self.model.named_parameters() if p.grad is not None}
+        grads = full_grads(self.model)  # every rank: gathering FSDP's sharded grads is a collective
+        if self.global_rank != 0:
+            return
         path = Path(self.cfg.run.output) / "grads_step0.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(grads, path)

@@ -5,7 +5,7 @@ text tokens, concatenated locally as [text_r, image_r], each token keeping its o
 That is exact for Flux: attention is non-causal, so a query's output is a sum over keys that
 does not depend on the order the keys arrive in; only each token's own angle matters.
 
-    strategy = make_strategy("allgather-kv", rank, world, device)
+    strategy = make_strategy("allgather-kv", cp_rank, cp, device, mesh=mesh["cp"])
     apply_cp(model, strategy, timer)       # installs CPAttnProcessor on every FluxAttention
     with strategy.step_context():          # forward AND backward of the step
         ...
@@ -132,10 +132,12 @@ def _heads_to_seq(y, group, world):
 class CPStrategy:
     name = "none"
 
-    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, sdpa_backend="auto"):
-        self.rank, self.world, self.device = rank, world, device
+    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, sdpa_backend="auto",
+                 mesh=None):
+        # rank, world: within the CP group; mesh: the 1-D CP DeviceMesh (mesh["cp"]), None in one plain process
+        self.rank, self.world, self.device, self.mesh = rank, world, device, mesh
         self.sdpa_backend = sdpa_backend
-        self.group = dist.group.WORLD if world > 1 else None
+        self.group = mesh.get_group() if world > 1 else None
 
     def attention(self, q, k, v):  # (B, H, S_l, D) each
         return F.scaled_dot_product_attention(q, k, v)
@@ -175,13 +177,11 @@ class TorchRing(CPStrategy):
 
     def __init__(self, *args, rotate: str = "allgather", **kwargs):
         super().__init__(*args, **kwargs)
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
 
         # Flux attention is non-causal: head-tail load balancing only helps causal masks.
         _cp_options.enable_load_balance = False
         set_rotate_method(rotate)
-        self.mesh = init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("cp",))
         # context_parallel shards its buffers in place; ours are sharded already, and torch >= 2.10
         # raises IndexError on an empty buffer list, so it gets a throwaway one.
         self._dummy = torch.zeros(self.world, device=self.device)
@@ -237,12 +237,14 @@ SIMULATED_CLASSES = {c.name: c for c in (SimulatedAllGatherKV, SimulatedUlysses)
 
 
 def make_strategy(
-    name: str, rank: int, world: int, device, sdpa_backend="auto", rotate="allgather", simulate_world: int = 1
+    name: str, rank: int, world: int, device, sdpa_backend="auto", rotate="allgather", simulate_world: int = 1,
+    mesh=None,
 ) -> CPStrategy:
+    """rank, world: within the CP group, whose 1-D DeviceMesh is `mesh` (flux_cp.mesh.build_mesh(...)["cp"])."""
     if simulate_world > 1:
         return SIMULATED_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, sim=simulate_world)
     kwargs = {"rotate": rotate} if name == "torch" else {}
-    return STRATEGY_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, **kwargs)
+    return STRATEGY_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, mesh=mesh, **kwargs)
 
 
 # ---------------------------------------------------------------- the attention processor

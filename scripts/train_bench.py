@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
 def train(cfg) -> int:
     import lightning as L
     from lightning.pytorch.callbacks import RichProgressBar
-    from lightning.pytorch.strategies import DDPStrategy
 
     from callbacks import KernelProfileCallback, OpTimingCallback, ResilientWandbLogger
+    from flux_cp.mesh import lightning_strategy
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
     from flux_cp.results import env_info
@@ -57,23 +57,22 @@ def train(cfg) -> int:
     warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
 
     module = FluxCPModule(cfg)
-    # torch's CP needs a process group (its device mesh) even at world size 1; a simulation needs none.
-    distributed = run.devices > 1 or run.cp == "torch"
-    strategy = (
-        DDPStrategy(process_group_backend="nccl" if run.accelerator == "gpu" else "gloo")
-        if distributed
-        else "auto"
-    )
+    # DDP or FSDP2 (ModelParallelStrategy) over the dp x cp ranks; a simulation needs no process group.
+    strategy = lightning_strategy(run)
     header = {
         "mode": "train",
         "run_name": name,
         "group": run.group,
-        "world_size": run.devices,
+        "world_size": run.world_size,
         "cp": run.cp,
+        "dp": run.dp,
+        "cp_degree": run.cp_degree,
+        "num_nodes": run.num_nodes,
+        "weights": run.weights,  # fsdp: the step also holds per-block param all-gathers and grad reduce-scatters
         "config": cfg.to_dict(),
         "env": env_info("cuda" if run.accelerator == "gpu" else "cpu"),
         "params": num_params(module.model),
-        "tokens_per_rank": cfg.data.seq_len // max(run.devices, run.simulate_world),
+        "tokens_per_rank": cfg.data.seq_len // max(run.cp_degree, run.simulate_world),
         "simulate_world": run.simulate_world if run.simulate_world > 1 else None,
         "compile": {"enabled": run.compile, "mode": run.compile_mode if run.compile else None,
                     "backend": run.compile_backend if run.compile else None},
@@ -105,6 +104,7 @@ def train(cfg) -> int:
     trainer = L.Trainer(
         accelerator=run.accelerator,
         devices=run.devices,
+        num_nodes=run.num_nodes,
         strategy=strategy,
         precision=run.precision,
         max_steps=run.warmup_steps + profile_steps + run.steps,
@@ -115,7 +115,7 @@ def train(cfg) -> int:
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
-        use_distributed_sampler=False,  # every CP rank sees the same batch, then takes its shard
+        use_distributed_sampler=False,  # SyntheticFlow splits over dp itself; CP ranks then take their shard
         log_every_n_steps=1,
     )
     trainer.fit(module)

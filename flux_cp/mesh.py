@@ -1,0 +1,75 @@
+"""The 2-D device mesh (dp, cp), how weights are kept in sync over it, and the Lightning strategy for that.
+
+    ranks = devices x num_nodes = dp x cp        mesh order ("dp", "cp"): cp innermost
+
+A CP group is `cp` consecutive global ranks. Lightning numbers ranks node by node
+(global rank = node_rank x devices + local_rank), so whenever --cp-degree divides --devices every
+CP group lies inside one node: the chatty per-layer attention collectives stay on NVLink and only
+the once-per-step gradient sync crosses nodes. Ranks of a CP group share a sample (each holds a
+1/cp slice of its tokens); the dp groups hold different samples.
+
+Weights, `--weights`:
+- ddp:  replicated on every rank; Lightning's DDPStrategy all-reduces (averages) gradients over all
+        dp x cp ranks.
+- fsdp: FSDP2 `fully_shard` over all dp x cp ranks (torchtitan's flattened dp_shard x cp mesh), each
+        block a unit, then the root: per block, parameters are all-gathered before its forward and
+        backward, and gradients reduce-scattered (averaged) after its backward.
+Either way the update is the gradient of the global mean loss: see FluxCPModule.training_step.
+"""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def build_mesh(device_type: str, dp: int, cp: int):
+    """The (dp, cp) DeviceMesh over all ranks, or None without a process group (one plain process)."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (dp, cp), mesh_dim_names=("dp", "cp"))
+
+
+def shard_weights(model: nn.Module, mesh) -> None:
+    """FSDP2 over a 1-D mesh of all ranks: each transformer block is one all-gather/reduce-scatter unit, the
+    root (embedders, final norm and projection) one more, as torchtitan wraps its blocks."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6 kept it under _composable
+        from torch.distributed._composable.fsdp import fully_shard
+
+    for blk in (*model.double_blocks, *model.single_blocks):
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient, fp64 on CPU. Collective under FSDP (DTensor grads): call on all ranks."""
+    out = {}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        out[name] = g.detach().double().cpu()
+    return out
+
+
+def lightning_strategy(run):
+    """The Lightning strategy for `run.weights`.
+
+    fsdp: Lightning's ModelParallelStrategy, with all dp x cp ranks mapped onto its `data_parallel` dim
+    (tensor_parallel = 1). Its mesh dim is then exactly the flattened (dp, cp) mesh FSDP2 shards over, and
+    the strategy already does what FSDP2 needs (configure_model before the optimizer, no DDP wrapper), so no
+    subclass is needed; the (dp, cp) view that CP groups and data use is built by build_mesh on the same ranks.
+    """
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+    backend = "nccl" if run.accelerator == "gpu" else "gloo"
+    if run.weights == "fsdp":  # FSDP needs a process group even at world size 1
+        return ModelParallelStrategy(data_parallel_size=run.world_size, tensor_parallel_size=1,
+                                     process_group_backend=backend)
+    # torch's CP needs a process group (its device mesh) even at world size 1.
+    if run.world_size > 1 or run.cp == "torch":
+        return DDPStrategy(process_group_backend=backend)
+    return "auto"
