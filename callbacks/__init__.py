@@ -1,7 +1,15 @@
 """Lightning callbacks of flux-cp (they import flux_cp; flux_cp never imports them)."""
 
+from callbacks.faults import FaultInjectionCallback
+from callbacks.guard import GuardCallback
 from callbacks.loggers import ResilientWandbLogger
 from callbacks.profiler import KernelProfileCallback
 from callbacks.timing import OpTimingCallback
 
-__all__ = ["KernelProfileCallback", "OpTimingCallback", "ResilientWandbLogger"]
+__all__ = [
+    "FaultInjectionCallback",
+    "GuardCallback",
+    "KernelProfileCallback",
+    "OpTimingCallback",
+    "ResilientWandbLogger",
+]

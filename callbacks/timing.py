@@ -12,15 +12,17 @@ Each measured step has a kind (`step_kind`), the same on every rank:
   overhead, alternating in one process) every other step is plain -> step_untimed_ms;
 - "probe" (CUDA, every --idle-probe-every'th step): the host runs ahead of the device ->
   device_busy_ms, from which summary.json's device idle fraction comes.
+
+Every rank keeps the (gathered) summary, so that whichever rank fails can write what was measured.
 """
 
 import time
-import traceback
 from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback
 
+from flux_cp.failures import error_kind, error_line
 from flux_cp.results import RunSummary
 
 
@@ -33,7 +35,7 @@ class OpTimingCallback(Callback):
         profile_steps: int = 0,
         timing_ab: bool = False,
         idle_probe_every: int = 4,
-        flush_every: int = 5,
+        flush_every: int = 1,
     ):
         self.summary = RunSummary(summary_path, header, warmup_steps + profile_steps)
         self.warmup_steps = warmup_steps
@@ -81,19 +83,20 @@ class OpTimingCallback(Callback):
         vec = torch.tensor(row, device=pl_module.device, dtype=torch.float64)
         every = trainer.strategy.all_gather(vec).reshape(-1, len(keys) + 1).cpu()  # (W, M + 1)
         loss = every[:, -1].mean().item()  # equal shards of equally many samples: global loss = mean over dp x cp ranks
+        vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()
+        rank0 = dict(zip(keys, every[0, :-1].tolist()))  # the summary's per-step figures are rank 0's
+        self.summary.add_step(batch_idx, loss, rank0, dict(zip(keys, vmax)), dict(zip(keys, vmin)))
+        if batch_idx + 1 == self.warmup_steps:  # warm-up wall time: compilation, autotuning, allocator growth
+            self.summary.header["warmup_s"] = time.perf_counter() - self._t0
+            self.summary.header["warmup_steps"] = self.warmup_steps
         if trainer.global_rank != 0:
             return
-        vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()
-        self.summary.add_step(batch_idx, loss, local, dict(zip(keys, vmax)), dict(zip(keys, vmin)))
         if trainer.logger is not None:
             logged = {"loss": loss, "warmup": float(batch_idx < self.skip), **local}
             if trainer.world_size > 1:
                 logged |= {f"rank_max/{k}": v for k, v in zip(keys, vmax)}
                 logged |= {f"rank_min/{k}": v for k, v in zip(keys, vmin)}
             trainer.logger.log_metrics(logged, step=batch_idx)
-        if batch_idx + 1 == self.warmup_steps:  # warm-up wall time: compilation, autotuning, allocator growth
-            self.summary.header["warmup_s"] = time.perf_counter() - self._t0
-            self.summary.header["warmup_steps"] = self.warmup_steps
         if (batch_idx + 1) % self.flush_every == 0:
             self.summary.write(complete=False)
 
@@ -106,6 +109,11 @@ class OpTimingCallback(Callback):
             trainer.logger.log_summary(medians | self.summary.derived())
 
     def on_exception(self, trainer, pl_module, exception):
-        if trainer.global_rank == 0:
-            err = "".join(traceback.format_exception_only(type(exception), exception)).strip()
-            self.summary.write(complete=False, error=err)
+        self.record_failure(trainer.global_rank, exception)
+
+    def record_failure(self, rank: int, exception: BaseException):
+        """Any rank: its error (kind, failing shape) next to the steps measured so far, `complete: false`."""
+        data = self.summary.header["config"]["data"]
+        seq_len = data["image_height"] * data["image_width"] + data["text_tokens"]
+        shape = {"seq_len": seq_len, "batch": data["batch_size"], "world": self.summary.header["world_size"]}
+        self.summary.record_error(rank, error_line(exception), error_kind(exception), shape)

@@ -90,6 +90,7 @@ class RunConfig:
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     simulate_world: int = 1  # > 1: one process runs the per-rank compute of a W-way split (no communication)
     dump_grads: bool = False  # save every parameter's gradient after the first step (numerics checks)
+    timeout_s: float = 900.0  # a stalled step (hung rank/collective) ends the run: process-group timeout + watchdog
 
     @property
     def world_size(self) -> int:
@@ -242,6 +243,8 @@ def resolve(
         )
     if run.steps < 1 or run.warmup_steps < 0:
         raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
+    if run.timeout_s <= 0:
+        raise ConfigError(f"--timeout-s {run.timeout_s}: must be > 0 seconds")
     if sum(model.rope_axes) != model.head_dim or any(a % 2 for a in model.rope_axes):
         raise ConfigError(
             f"--model.rope_axes {model.rope_axes}: must be even and sum to head_dim {model.head_dim}"

@@ -63,13 +63,16 @@ def lightning_strategy(run):
     the strategy already does what FSDP2 needs (configure_model before the optimizer, no DDP wrapper), so no
     subclass is needed; the (dp, cp) view that CP groups and data use is built by build_mesh on the same ranks.
     """
+    import datetime
+
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
     backend = "nccl" if run.accelerator == "gpu" else "gloo"
+    timeout = datetime.timedelta(seconds=run.timeout_s)  # a collective that never matches fails the run
     if run.weights == "fsdp":  # FSDP needs a process group even at world size 1
         return ModelParallelStrategy(data_parallel_size=run.world_size, tensor_parallel_size=1,
-                                     process_group_backend=backend)
-    # torch's CP needs a process group (its device mesh) even at world size 1.
+                                     process_group_backend=backend, timeout=timeout)
+    # torch's CP needs a process group (its device mesh) even at world size 1; a simulation needs none.
     if run.world_size > 1 or run.cp == "torch":
-        return DDPStrategy(process_group_backend=backend)
+        return DDPStrategy(process_group_backend=backend, timeout=timeout)
     return "auto"

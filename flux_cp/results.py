@@ -10,6 +10,7 @@ import platform
 import socket
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 SCHEMA = 1
@@ -96,10 +97,33 @@ class RunSummary:
         d["per_step"] = self.per_step
         if error:
             d["error"] = error
+        if errors := read_errors(self.path.parent):  # any rank's failure: the first one is the run's error
+            d |= {"complete": False, "errors": errors, "error": errors[0]["error"]}
+            d |= {k: errors[0][k] for k in ("error_kind", "error_rank", "shape")}
         return d
+
+    def record_error(self, rank: int, error: str, kind: str, shape: dict) -> Path:
+        """Rank's own error file (no other rank writes it), then summary.json with every error so far."""
+        entry = {"error_rank": rank, "error": error, "error_kind": kind, "shape": shape, "time": time.time()}
+        write_json_atomic(self.path.parent / f"{ERROR_FILE_PREFIX}{rank}.json", entry)
+        return self.write(complete=False)
 
     def write(self, complete: bool, error: str | None = None) -> Path:
         return write_json_atomic(self.path, self.to_dict(complete, error))
+
+
+ERROR_FILE_PREFIX = "error-rank"  # <output>/error-rank<r>.json: one per failed rank, merged into summary.json
+
+
+def read_errors(out_dir: Path) -> list[dict]:
+    """Every rank's error of this run, first (by time) first."""
+    errors = []
+    for f in Path(out_dir).glob(f"{ERROR_FILE_PREFIX}*.json"):
+        try:
+            errors.append(json.loads(f.read_text()))
+        except (OSError, ValueError):  # removed meanwhile; atomic writes never leave half a file
+            continue
+    return sorted(errors, key=lambda e: e["time"])
 
 
 def write_json_atomic(path: Path, data: dict) -> Path:

@@ -40,19 +40,33 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(cfg) -> int:
+
     import lightning as L
     from lightning.pytorch.callbacks import RichProgressBar
 
-    from callbacks import KernelProfileCallback, OpTimingCallback, ResilientWandbLogger
+    from callbacks import (
+        FaultInjectionCallback,
+        GuardCallback,
+        KernelProfileCallback,
+        OpTimingCallback,
+        ResilientWandbLogger,
+    )
+    from flux_cp.failures import EXIT_CODES, Watchdog, error_kind, error_line, kill_tree
     from flux_cp.mesh import lightning_strategy
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
-    from flux_cp.results import env_info
+    from flux_cp.results import ERROR_FILE_PREFIX, env_info, read_errors
 
     run = cfg.run
     name = run_name(cfg)
     run.output = run.output or str(Path("runs") / name)
     out = Path(run.output)
+    if is_launcher_process():  # before the other ranks start: error files of an earlier run in this folder go
+        for f in out.glob(f"{ERROR_FILE_PREFIX}*.json"):
+            f.unlink()
+    # Backstop for a stalled step, in every rank; the process-group timeout below normally fires first.
+    watchdog = Watchdog(run.timeout_s, on_fire=lambda exc: timing.record_failure(trainer.global_rank, exc))
+    watchdog.start()
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
 
@@ -87,7 +101,9 @@ def train(cfg) -> int:
         timing_ab=run.timing_ab,
         idle_probe_every=run.idle_probe_every,
     )
-    callbacks = [timing, RichProgressBar()]
+    callbacks = [timing, RichProgressBar(), GuardCallback(watchdog)]
+    if fault := FaultInjectionCallback.from_env():  # tests only (FLUX_CP_FAULT)
+        callbacks.append(fault)
     if run.profile:
         callbacks.append(KernelProfileCallback(timing, out, run.warmup_steps, profile_steps))
     logger = False
@@ -118,7 +134,16 @@ def train(cfg) -> int:
         use_distributed_sampler=False,  # SyntheticFlow splits over dp itself; CP ranks then take their shard
         log_every_n_steps=1,
     )
-    trainer.fit(module)
+    try:
+        trainer.fit(module)
+    except BaseException as e:  # recorded in summary.json by the callbacks; here: the exit code, no orphans
+        if is_launcher_process():
+            kill_tree(os.getpid())  # the other ranks, if still running (e.g. stuck in a collective)
+        errors = read_errors(out)  # the run's first error (maybe another rank's) decides the exit code
+        kind, line = (errors[0]["error_kind"], errors[0]["error"]) if errors else (error_kind(e), error_line(e))
+        print(f"train_bench.py: rank {trainer.global_rank}: run failed ({kind}): {line}", file=sys.stderr)
+        return EXIT_CODES[kind]
+    watchdog.stop()
     if trainer.global_rank == 0:
         print_summary(timing.summary.to_dict(complete=True), out / "summary.json")
         if logger and logger.failed:

@@ -29,3 +29,15 @@ def bench(*args, timeout=300, env=None):
 @pytest.fixture
 def run_bench():
     return bench
+
+
+def leftover_processes(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds `marker` (a run's ranks inherit the launcher's)."""
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in env.read_bytes():
+                found.append(int(env.parent.name))
+        except OSError:  # exited meanwhile, or not ours
+            pass
+    return found

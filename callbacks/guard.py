@@ -1,0 +1,35 @@
+"""GuardCallback: keeps a run's failure bounded and recorded.
+
+- tells the stall watchdog (flux_cp.failures.Watchdog) at every step boundary that steps progress;
+- turns SIGTERM into a `Terminated` (a KeyboardInterrupt) in the main thread, so that it takes
+  Lightning's Ctrl-C path: on_exception (summary.json flushed, `complete: false`), then the other
+  ranks are killed. Lightning's own SIGTERM handler is replaced: it broadcasts inside the signal
+  handler, which deadlocks against a rank waiting in another collective until the process-group
+  timeout.
+"""
+
+import signal
+
+from lightning.pytorch import Callback
+
+from flux_cp.failures import Terminated, Watchdog
+
+
+def _raise_terminated(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: shutting down already
+    raise Terminated("SIGTERM")
+
+
+class GuardCallback(Callback):
+    def __init__(self, watchdog: Watchdog):
+        self.watchdog = watchdog
+
+    def on_train_start(self, trainer, pl_module):  # after Lightning registered its signal handlers
+        signal.signal(signal.SIGTERM, _raise_terminated)
+        self.watchdog.beat()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.watchdog.beat()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.watchdog.beat()

@@ -1,0 +1,83 @@
+"""Run a sweep of train_bench runs from a YAML grid (flux_cp/sweep.py has the format).
+
+    python scripts/sweep.py configs/sweep_cpu.yaml                 # -> sweeps/cpu-small/{sweep.json,<run>/...}
+    python scripts/sweep.py configs/sweep_flux.yaml --dry-run --gpus 8   # check and list, run nothing
+    python scripts/report.py sweeps/cpu-small                      # the sweep's report
+
+Every problem in the sweep config is reported at once, before anything runs (exit 2). Runs go one
+by one, each in its own processes; a failed, out-of-memory or hung run is recorded in sweep.json
+and the sweep goes on. Running the same command again skips the runs already complete (resume).
+Exit code: 0 all runs ok or skipped, 1 some did not, 2 bad sweep config, 130 interrupted.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from flux_cp.config import ConfigError  # noqa: E402
+from flux_cp.failures import EXIT_CONFIG, EXIT_INTERRUPTED  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sweep.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("sweep", help="sweep YAML (configs/sweep_*.yaml)")
+    p.add_argument("--output", help="sweep folder (default: the file's `output`, else sweeps/<name>)")
+    p.add_argument("--timeout-s", type=float, help="per-run --timeout-s (default: the file's `timeout_s`)")
+    p.add_argument("--gpus", type=int, help="validate as if this many GPUs were visible (with --dry-run)")
+    p.add_argument("--dry-run", action="store_true", help="check the sweep and list its runs; run nothing")
+    a = p.parse_args(argv)
+
+    import torch
+    from rich.console import Console
+
+    from flux_cp.sweep import Runner, load_sweep
+
+    console = Console(stderr=True)
+    cuda = torch.cuda.is_available() if a.gpus is None else a.gpus > 0
+    gpus = torch.cuda.device_count() if a.gpus is None else a.gpus
+    try:
+        if a.timeout_s is not None and a.timeout_s <= 0:
+            raise ConfigError(f"--timeout-s {a.timeout_s}: must be > 0 seconds")
+        sweep = load_sweep(a.sweep, a.output, a.timeout_s, cuda_available=cuda, gpu_count=gpus)
+    except ConfigError as e:
+        lines = str(e).splitlines()
+        print(f"sweep.py: {a.sweep}: {len(lines)} problem(s), nothing was run:", file=sys.stderr)
+        for line in lines:
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_CONFIG
+    if a.dry_run:
+        for run in sweep.runs:
+            print(f"{run.name}: train_bench.py {' '.join(run.args)}")
+        return 0
+    console.print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {sweep.output}/sweep.json", highlight=False)
+    runner = Runner(sweep, console=console)
+    with _progress(console) as progress:
+        bad = runner.run(progress)
+    counts = {}
+    for r in runner.records:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    console.print(f"sweep {sweep.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+                  + f"   index: {runner.index_path}   report: python scripts/report.py {sweep.output}", highlight=False)
+    if runner.stop_signal is not None:
+        return EXIT_INTERRUPTED
+    return 1 if bad else 0
+
+
+def _progress(console):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("eta"), TimeRemainingColumn(), console=console)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

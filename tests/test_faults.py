@@ -1,0 +1,79 @@
+"""Faults injected into real runs (Lightning launches 2 gloo ranks; FLUX_CP_FAULT picks rank, step, kind):
+each ends within a bound, non-zero, with what was measured in summary.json and no process left."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+from flux_cp.failures import EXIT_INTERRUPTED, EXIT_TIMEOUT
+
+from .conftest import ROOT, SCRIPT, bench, free_port, leftover_processes
+
+ARGS = ("--devices", 2, "--wandb-mode", "disabled", "--warmup-steps", 1, "--steps", 6)
+
+
+def faulty(tmp_path, fault: str, *extra):
+    marker = f"FLUX_CP_TEST_MARK={uuid.uuid4().hex}"
+    t0 = time.monotonic()
+    r = bench(*ARGS, "--output", tmp_path, *extra, timeout=120, env={"FLUX_CP_FAULT": fault, **_env(marker)})
+    return r, time.monotonic() - t0, marker
+
+
+def _env(marker: str) -> dict:
+    k, v = marker.split("=")
+    return {k: v}
+
+
+def _summary(path):
+    return json.loads((path / "summary.json").read_text())
+
+
+def test_a_rank_raising_fails_the_run_and_keeps_its_steps(tmp_path):
+    r, took, marker = faulty(tmp_path, "rank=1,step=3,kind=raise", "--timeout-s", 20)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert took < 60  # not the process-group timeout path
+    d = _summary(tmp_path)
+    assert d["complete"] is False and d["error_rank"] == 1 and d["error_kind"] == "failed"
+    assert d["error"] == "InjectedFault: injected fault on rank 1 at step 3"
+    assert len(d["loss"]) == 3 and d["metrics"]["step_ms"]["n"] == 2  # steps 0-2 (0 is warm-up) were measured
+    assert [e["error_rank"] for e in d["errors"]][0] == 1  # rank 0's consequent error comes second, if any
+    assert leftover_processes(marker) == []
+
+
+def test_a_hung_rank_ends_the_run_after_the_timeout(tmp_path):
+    r, took, marker = faulty(tmp_path, "rank=1,step=2,kind=hang", "--timeout-s", 20)
+    assert r.returncode == EXIT_TIMEOUT, r.stderr[-3000:]
+    assert 20 < took < 60
+    d = _summary(tmp_path)
+    assert d["complete"] is False and d["error_kind"] == "timeout"
+    assert len(d["loss"]) == 2 and d["metrics"]["step_ms"]["n"] == 1
+    assert leftover_processes(marker) == []
+
+
+def test_sigterm_flushes_an_incomplete_summary(tmp_path):
+    marker = f"FLUX_CP_TEST_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_SILENT": "true", "FLUX_CP_FAULT":
+           "rank=0,step=2,kind=sleep,seconds=120", **_env(marker)}
+    env.pop("LOCAL_RANK", None)
+    cmd = [sys.executable, str(SCRIPT), *map(str, ARGS), "--output", str(tmp_path), "--timeout-s", 300]
+    proc = subprocess.Popen(list(map(str, cmd)), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:  # until rank 0 sleeps inside step 2
+            if (tmp_path / "summary.json").exists() and len(_summary(tmp_path)["loss"]) == 2:
+                break
+            time.sleep(0.2)
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)  # not the 120 s sleep, nor the 300 s timeout
+    finally:
+        proc.kill()
+    assert rc == EXIT_INTERRUPTED, proc.stderr.read()[-3000:]
+    d = _summary(tmp_path)
+    assert d["complete"] is False and d["error_kind"] == "interrupted" and d["error"] == "Terminated: SIGTERM"
+    assert len(d["loss"]) == 2 and d["metrics"]["step_ms"]["n"] == 1
+    assert leftover_processes(marker) == []

@@ -1,0 +1,73 @@
+"""scripts/sweep.py end to end: a run that runs out of memory is recorded and the sweep goes on; a
+second invocation resumes (skips complete runs); a bad sweep config is reported whole, nothing runs."""
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from flux_cp.config import ConfigError
+from flux_cp.sweep import load_sweep
+
+from .conftest import ROOT, TINY, leftover_processes
+
+SWEEP = ROOT / "scripts" / "sweep.py"
+
+
+def sweep(*args, env=None, timeout=300):
+    e = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, str(SWEEP), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=e, cwd=ROOT)
+
+
+def test_oom_is_recorded_the_sweep_goes_on_and_resumes(tmp_path):
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"name: t\nconfig: {TINY}\ntimeout_s: 60\nbase: {{wandb_mode: disabled, steps: 3}}\n"
+                   "axes:\n  devices: [2, 1]\n  cp: [allgather-kv]\n")
+    out = tmp_path / "out"
+    marker = uuid.uuid4().hex
+    # rank 1 exists only in the 2-rank run: it runs out of memory at step 2, the 1-rank run after it is fine
+    r = sweep(cfg, "--output", out, env={"FLUX_CP_FAULT": "rank=1,step=2,kind=oom", "FLUX_CP_TEST_MARK": marker})
+    assert r.returncode == 1, r.stderr[-3000:]
+    runs = {x["name"]: x for x in json.loads((out / "sweep.json").read_text())["runs"]}
+    w2, w1 = runs["devices-2_cp-allgather-kv"], runs["devices-1_cp-allgather-kv"]
+    assert w2["status"] == "oom" and "can't allocate memory" in w2["error"]
+    assert w2["shape"] == {"seq_len": 144, "batch": 1, "world": 2}
+    s2 = json.loads((out / w2["name"] / "summary.json").read_text())
+    assert s2["complete"] is False and s2["error_kind"] == "oom" and s2["shape"] == w2["shape"]
+    assert len(s2["loss"]) == 2  # the steps before the failing one
+    assert w1["status"] == "ok" and w1["error"] is None and w1["duration_s"] > 0
+    assert json.loads((out / w1["name"] / "summary.json").read_text())["complete"] is True
+    assert leftover_processes(marker) == []
+
+    r = sweep(cfg, "--output", out)  # resume: only the incomplete run runs again
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = {x["name"]: x for x in json.loads((out / "sweep.json").read_text())["runs"]}
+    assert runs[w1["name"]]["status"] == "skipped" and runs[w2["name"]]["status"] == "ok"
+    assert json.loads((out / w2["name"] / "summary.json").read_text())["complete"] is True
+
+
+def test_a_bad_sweep_config_is_reported_whole_and_nothing_runs(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(f"config: {TINY}\ncolour: blue\naxes:\n  devices: [2, 3]\n  cp: [ulysses, torch]\n"
+                   "  model.num_hedz: [4]\n  data.text_tokens: []\n  output: [x]\n")
+    r = sweep(cfg, "--output", tmp_path / "out")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert "6 problem(s), nothing was run" in lines[0]
+    for needle in ("unknown key 'colour'", "axes.data.text_tokens: empty axis", "unknown setting 'model.num_hedz'",
+                   "axes.output: 'output' is set by the sweep", "--cp torch: torch's context_parallel",
+                   "run devices-3_cp-ulysses: --model.num_heads 4 is not divisible by the CP degree 3"):
+        assert sum(needle in ln for ln in lines[1:]) == 1, (needle, r.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_sweep_config_expands_on_an_8_gpu_host():
+    sw = load_sweep(ROOT / "configs" / "sweep_flux.yaml", cuda_available=True, gpu_count=8)
+    assert len(sw.runs) == 24 and {r.shape["seq_len"] for r in sw.runs} == {2560, 4608}
+    with pytest.raises(ConfigError) as e:  # on one GPU: one line per impossible world size
+        load_sweep(ROOT / "configs" / "sweep_flux.yaml", cuda_available=True, gpu_count=1)
+    assert len(str(e.value).splitlines()) == 3
