@@ -46,6 +46,7 @@ CPU_REPS = 5
 BATCH = 10  # calls queued behind one spin kernel (well inside CUDA's launch queue)
 PEAK_N = 8192  # the bf16 GEMM peak: one PEAK_N^3 GEMM
 SEED_WARMUP, SEED_RUNS = 10, 20  # the seed script's counts
+GRAPH_MAX_MS = 20.0  # --graph: ops longer than this per call are not captured (nothing to strip)
 
 
 @dataclass
@@ -84,26 +85,24 @@ class OpFactory:
     def sdpa(self, seq_len: int, world: int, simulated: bool, seed: bool = False) -> list[Op]:
         m, cp = self.cfg.model, self.cfg.run.cp
         b, h, d, s = self.cfg.data.batch_size, m.num_heads, m.head_dim, seq_len
+        q_shape = kv_shape = (b, h, s // world, d)  # real CP: local tokens in, the strategy's collectives inside
         chunks = 1
-        if not simulated:  # the strategy's own call: local tokens in, collectives inside
-            q_shape = kv_shape = (b, h, s // world, d)
-            attend, ctx = self.strategy.attention, self.strategy.step_context
-        else:  # one process: the per-rank compute of a W-way split, no communication
-            q_shape, kv_shape = (b, h, s // world, d), (b, h, s, d)
+        if simulated:  # one process computes one rank's share of a W-way split, without communication
+            kv_shape = (b, h, s, d)
             if cp == "ulysses":
                 q_shape = kv_shape = (b, h // world, s, d)
-            if cp == "torch":
-                chunks = world
-            attend, ctx = self.strategy.attention, self.strategy.step_context  # plain SDPA (see OpBench)
+            chunks = world if cp == "torch" else 1
+        attend, ctx = self.strategy.attention, self.strategy.step_context  # simulated: plain SDPA (see OpBench)
 
         def run(q, k, v):  # -> list of outputs, (B, H, S_q, D) each
             if chunks == 1:
                 return [attend(q, k, v)]
             return [attend(q, kc, vc) for kc, vc in zip(k.chunk(chunks, 2), v.chunk(chunks, 2))]
 
-        flops = 4 * math.prod(q_shape) * kv_shape[2]  # QK^T and PV: 2 * 2 * B * H * S_q * S_kv * D
-        kv_str = f"kv{_fmt((*kv_shape[:2], kv_shape[2] // chunks, d))}"
-        shape = (f"{chunks}x " if chunks > 1 else "") + f"q{_fmt(q_shape)} " + kv_str
+        # every split computes S/W queries x S keys per rank (ring: in W chunks): QK^T and PV, 2 * 2 * ... flops
+        flops = 4 * b * h * (s // world) * s * d
+        shape = f"q{_fmt(q_shape)} kv{_fmt((*kv_shape[:2], kv_shape[2] // chunks, d))}"
+        shape = f"{chunks}x {shape}" if chunks > 1 else shape if simulated else f"q,k,v{_fmt(q_shape)} local"
         n = 1 if seed else self.nbuf(q_shape, kv_shape, kv_shape)
         graph = True
         if not simulated and (world > 1 or cp == "torch"):
@@ -128,7 +127,7 @@ class OpFactory:
 
         return [
             Op("sdpa_fwd", shape, flops, build_fwd, ctx, graph),
-            Op("sdpa_bwd", shape, 2.5 * flops, build_bwd, ctx, graph),  # dQ, dK, dV, dP, dS^T...: 5 GEMMs
+            Op("sdpa_bwd", shape, 2.5 * flops, build_bwd, ctx, graph),  # 5 GEMMs to the forward's 2
         ]
 
     def qkv_gemm(self, seq_len: int, world: int) -> list[Op]:
@@ -168,8 +167,9 @@ class OpFactory:
     def peak(self) -> Op:
         shape = (PEAK_N, PEAK_N)
 
-        def build():
-            return [partial(torch.matmul, self._rand(shape), self._rand(shape)) for _ in range(2)]
+        def build():  # bf16 whatever the run's precision: the tensor-core peak
+            a, b = (torch.randn(2, *shape, device=self.device, dtype=torch.bfloat16) for _ in range(2))
+            return [partial(torch.matmul, a[i], b[i]) for i in range(2)]
 
         return Op("gemm_peak", f"{_fmt(shape)}x{_fmt(shape)}", 2 * PEAK_N**3, build)
 
@@ -178,6 +178,10 @@ def _seed_backward(inputs, outs, grads):
     for x in inputs:
         x.grad = None
     torch.autograd.backward(outs, grads, retain_graph=True)
+
+
+def _one_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _fmt(shape) -> str:
@@ -206,18 +210,14 @@ class Timer:
 
     def corrected(self, calls: list[Callable]) -> tuple[list[float], list[float]]:
         """(device ms, host ms) per call, after warm-up; inputs rotate over `calls`."""
-        host_est = 0.0
         for i in range(max(2, len(calls))):  # every buffer once; the first call also pays for set-up
             t0 = time.perf_counter()
             calls[i % len(calls)]()
-            host_est = (time.perf_counter() - t0) * 1e3
+            host_est = (time.perf_counter() - t0) * 1e3  # host time to issue the call
             self.sync()
+            est = (time.perf_counter() - t0) * 1e3  # and to run it
         reps = self.max_reps
         if self.cuda:
-            t0 = time.perf_counter()
-            calls[0]()
-            self.sync()
-            est = (time.perf_counter() - t0) * 1e3
             reps = max(MIN_REPS, min(reps, int(BUDGET_MS / max(est, 1e-3))))
         dev, host = [], []
         for start in range(0, reps, BATCH):
@@ -267,13 +267,16 @@ class Timer:
         return a.elapsed_time(z) / runs
 
 
-def capture(calls: list[Callable], stream) -> list[Callable]:
-    """One CUDA graph per buffer's call (warmed up on the capture stream first); returns their replays."""
+def capture(build: Callable, stream) -> list[Callable]:
+    """One CUDA graph per buffer's call, built and warmed up on the capture stream; returns their replays.
+
+    The op is built on that stream too: autograd runs a backward op on its forward op's stream, so the
+    forward that a backward call needs must have run on the stream being captured."""
     graphs = []
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for call in calls:
-            call()
-            call()
+        for call in build():
+            call()  # lazy set-up (cuBLAS workspace, cuDNN plans) must not happen during capture
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, stream=stream):
                 call()
@@ -286,9 +289,11 @@ def capture(calls: list[Callable], stream) -> list[Callable]:
 
 
 class OpBench:
-    def __init__(self, cfg: BenchConfig, rank: int, world_size: int, device: torch.device, barrier: Callable):
+    def __init__(self, cfg: BenchConfig, rank: int, world_size: int, device: torch.device, barrier: Callable,
+                 reduce_max: Callable[[float], float] = float):  # fmt: skip
         run = cfg.run
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.reduce_max = reduce_max  # max over ranks: every rank must measure the same rows, in order
         self.cuda = device.type == "cuda"
         if run.simulate_world:  # no communication: plain SDPA, with the kernel the simulated strategy would run
             # torch's ring pins flash when auto (flux_cp.parallel.TorchRing)
@@ -309,9 +314,7 @@ class OpBench:
 
     def measure(self, op: Op, seq_len: int, world: int, simulated: bool, method="corrected", graph=False):
         with op.context():
-            calls = op.build()
-            if graph:
-                calls = capture(calls, self.stream)
+            calls = capture(op.build, self.stream) if graph else op.build()
             if method == "seed-compat":
                 ms = self.timer.seed(calls[0])
                 dev, host = [ms], None
@@ -332,14 +335,24 @@ class OpBench:
         for op in ops:
             self.measure(op, seq_len, world, simulated)
         if run.graph:
+            eager = {r["op"]: self.reduce_max(r["device_ms"]["median"]) for r in self.rows[-len(ops) :]}
             for op in ops:
-                if op.graph is True:
-                    self.measure(op, seq_len, world, simulated, graph=True)
-                elif op.graph not in self.notes:
-                    self.notes.append(op.graph)
+                if op.graph is not True:
+                    self._note(op.graph)
+                elif eager[op.name] > GRAPH_MAX_MS:
+                    self._note(f"graph: skipped for calls over {GRAPH_MAX_MS:g} ms (launch overhead is negligible)")
+                else:
+                    try:
+                        self.measure(op, seq_len, world, simulated, graph=True)
+                    except RuntimeError as e:  # keep the eager figures; say why there is no graph row
+                        self._note(f"graph: capture of {op.name} at S={seq_len} W={world} failed: {_one_line(e)}")
         if run.seed_compat:
             for op in [*f.sdpa(seq_len, world, simulated, seed=True), f.seed_gemm(seq_len, world)]:
                 self.measure(op, seq_len, world, simulated, method="seed-compat")
+
+    def _note(self, text: str):
+        if text not in self.notes:
+            self.notes.append(text)
 
     def run(self, on_case_done: Callable | None = None):
         if self.cuda:
@@ -441,7 +454,10 @@ def run_ops(cfg: BenchConfig) -> int:
 
 
 def _rank_main(fabric, cfg: BenchConfig, out: Path) -> int:
-    bench = OpBench(cfg, fabric.global_rank, fabric.world_size, fabric.device, fabric.barrier)
+    def reduce_max(x: float) -> float:
+        return fabric.all_reduce(torch.tensor(x, device=fabric.device), reduce_op="max").item()
+
+    bench = OpBench(cfg, fabric.global_rank, fabric.world_size, fabric.device, fabric.barrier, reduce_max)
     env = env_info(fabric.device)
     path = out / "summary.json"
 
