@@ -70,7 +70,8 @@ class OpFactory:
     def __init__(self, cfg: BenchConfig, strategy: CPStrategy, device: torch.device, cuda: bool):
         self.cfg, self.strategy, self.device, self.cuda = cfg, strategy, device, cuda
         self.dtype = DTYPES[cfg.run.precision]
-        self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if cuda else 0
+        props = torch.cuda.get_device_properties(device) if cuda else None
+        self.l2_bytes = getattr(props, "L2_cache_size", 50 << 20)  # 50 MiB: H100/H200
 
     def _rand(self, shape, grad=False):
         return torch.randn(shape, device=self.device, dtype=self.dtype, requires_grad=grad)
@@ -192,8 +193,9 @@ def _fmt(shape) -> str:
 
 
 class Timer:
-    def __init__(self, cuda: bool, barrier: Callable, max_reps: int):
+    def __init__(self, cuda: bool, barrier: Callable, max_reps: int, reduce_max: Callable[[float], float] = float):
         self.cuda, self.barrier, self.max_reps = cuda, barrier, max_reps
+        self.reduce_max = reduce_max  # ranks agree on the number of calls (each batch starts with a barrier)
         if cuda:
             self.events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * BATCH)]
             a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -218,7 +220,7 @@ class Timer:
             est = (time.perf_counter() - t0) * 1e3  # and to run it
         reps = self.max_reps
         if self.cuda:
-            reps = max(MIN_REPS, min(reps, int(BUDGET_MS / max(est, 1e-3))))
+            reps = max(MIN_REPS, min(reps, int(BUDGET_MS / max(self.reduce_max(est), 1e-3))))
         dev, host = [], []
         for start in range(0, reps, BATCH):
             n = min(BATCH, reps - start)
@@ -249,7 +251,8 @@ class Timer:
             t0 = time.perf_counter()
             call()
             self.sync()
-            runs = max(MIN_REPS, min(runs, int(BUDGET_MS / max((time.perf_counter() - t0) * 1e3, 1e-3))))
+            est = self.reduce_max((time.perf_counter() - t0) * 1e3)
+            runs = max(MIN_REPS, min(runs, int(BUDGET_MS / max(est, 1e-3))))
         for _ in range(min(SEED_WARMUP, max(1, runs // 2))):
             call()
         self.barrier()
@@ -302,7 +305,7 @@ class OpBench:
         else:
             self.strategy = make_strategy(run.cp, rank, world_size, device, run.sdpa_backend, run.rotate)
         self.factory = OpFactory(cfg, self.strategy, device, self.cuda)
-        self.timer = Timer(self.cuda, barrier, run.reps or (100 if self.cuda else CPU_REPS))
+        self.timer = Timer(self.cuda, barrier, run.reps or (100 if self.cuda else CPU_REPS), reduce_max)
         self.rows: list[dict] = []
         self.notes: list[str] = []
 
