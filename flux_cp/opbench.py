@@ -23,6 +23,7 @@ host's pace whenever issuing a call takes longer than running it.
 import contextlib
 import math
 import statistics
+import sys
 import time
 import traceback
 import warnings
@@ -389,6 +390,7 @@ def build_summary(cfg: BenchConfig, bench: OpBench, env: dict, rank_medians=None
         "schema": 1, "mode": "ops", "run_name": run_name(cfg, "ops"), "group": run.group,
         "world_size": bench.world_size, "cp": run.cp, "simulate_world": (run.simulate_world or [None])[0],
         "simulate_worlds": run.simulate_world, "config": cfg.to_dict(), "env": env, "params": None,
+        "compile": {"enabled": False, "mode": None, "compile_s": None},
         "tokens_per_rank": s0 // w0, "sdpa_backend": bench.strategy.sdpa_backend, "seq_lens": run.seq_lens,
         "complete": complete, "metrics": metrics, "loss": [], "ops": rows,
         "peak_tflops": peak["tflops"] if peak else None, "notes": bench.notes,
@@ -484,5 +486,8 @@ def _rank_main(fabric, cfg: BenchConfig, out: Path) -> int:
     write_json_atomic(path, d)  # before wandb: a wandb failure loses nothing
     print_table(d, path)
     if cfg.run.wandb_mode != "disabled":
-        log_wandb(cfg, d, out)
+        try:
+            log_wandb(cfg, d, out)
+        except Exception as e:  # summary.json is already complete: report, do not fail the run
+            print(f"train_bench.py: wandb failed ({_one_line(e)}); summary.json is complete", file=sys.stderr)
     return 0
