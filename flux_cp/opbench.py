@@ -276,17 +276,18 @@ def capture(build: Callable, stream) -> list[Callable]:
 
     The op is built on that stream too: autograd runs a backward op on its forward op's stream, so the
     forward that a backward call needs must have run on the stream being captured."""
-    graphs = []
+    replays = []
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for call in build():
-            call()  # lazy set-up (cuBLAS workspace, cuDNN plans) must not happen during capture
+            for _ in range(2):  # lazy set-up (cuBLAS workspace, cuDNN plans) must not happen during capture
+                call()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, stream=stream):
                 call()
-            graphs.append(g)
+            replays.append(lambda g=g, call=call: g.replay())  # holds call: its tensors are the graph's inputs
     torch.cuda.current_stream().wait_stream(stream)
-    return [g.replay for g in graphs]
+    return replays
 
 
 # ---------------------------------------------------------------- one rank's run
