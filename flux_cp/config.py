@@ -88,9 +88,16 @@ class RunConfig:
     compile: bool = False  # torch.compile each block (compilation happens in warm-up, never in step times)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
-    simulate_world: int = 1  # > 1: one process runs the per-rank compute of a W-way split (no communication)
+    # > 1: one process runs the per-rank compute of a W-way split (no communication); --ops-only takes a list
+    simulate_world: int | list[int] | str = 1
     dump_grads: bool = False  # save every parameter's gradient after the first step (numerics checks)
     timeout_s: float = 900.0  # a stalled step (hung rank/collective) ends the run: process-group timeout + watchdog
+    # op-only microbenchmark (flux_cp/opbench.py); lists are given as "4608,16384" or [4608, 16384]
+    ops_only: bool = False  # time SDPA fwd/bwd and the QKV GEMM per call instead of training steps
+    seq_lens: int | list[int] | str | None = None  # total image+text tokens per sample; default: the config's
+    seed_compat: bool = False  # also time the seed script's way: its shapes, one loop between barriers
+    graph: bool = False  # also time each op replayed from a CUDA graph, where the strategy allows it
+    reps: int | None = None  # most timed calls per op (default 100 on GPU, 5 on CPU)
 
     @property
     def world_size(self) -> int:
@@ -128,7 +135,8 @@ def _parser():
     # Run settings as top-level dashed flags (the results contract), keyed by field name in YAML.
     for f in dataclasses.fields(RunConfig):
         flag = "--" + f.name.replace("_", "-")
-        p.add_argument(flag, dest=f.name, type=f.type, default=f.default)
+        flag_kw = {"nargs": "?", "const": True} if f.type is bool else {}  # a bare `--graph` means true
+        p.add_argument(flag, dest=f.name, type=f.type, default=f.default, **flag_kw)
     return p
 
 
@@ -217,6 +225,10 @@ def resolve(
             f"{run.num_nodes} = data-parallel degree x CP degree: pick one of "
             f"{[k for k in range(1, ranks + 1) if ranks % k == 0]})"
         )
+    if run.ops_only:
+        return _resolve_ops(cfg)
+    if not isinstance(run.simulate_world, int):
+        raise ConfigError(f"--simulate-world {run.simulate_world}: training takes one W (lists are for --ops-only)")
     sim = run.simulate_world
     if sim < 1:
         raise ConfigError(f"--simulate-world {sim}: must be >= 1 (1: no simulation)")
@@ -301,8 +313,72 @@ def check_nodes(run: RunConfig, env) -> None:
             )
 
 
+def _int_list(flag: str, value) -> list[int] | None:
+    """`4`, `[2, 4]` or "2,4,8" -> [2, 4, 8]; a one-line ConfigError otherwise."""
+    if value is None or isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return value
+    if isinstance(value, int):
+        return [value]
+    try:
+        out = [int(v) for v in str(value).split(",")]
+    except ValueError:
+        raise ConfigError(f"{flag} {value}: expected comma-separated integers, e.g. {flag} 4608,16384") from None
+    if not out or min(out) < 1:
+        raise ConfigError(f"{flag} {value}: values must be >= 1")
+    return out
+
+
+def split_seq_len(seq_len: int, data: DataConfig) -> tuple[int, int]:
+    """(image, text) tokens of a total length: text stays the config's text_tokens (T5's fixed length)."""
+    return seq_len - data.text_tokens, data.text_tokens
+
+
+def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
+    """Checks of --ops-only: per-rank shapes of each seq len for each (simulated) world size."""
+    run, model, data = cfg.run, cfg.model, cfg.data
+    run.seq_lens = _int_list("--seq-lens", run.seq_lens) or [data.seq_len]
+    sims = _int_list("--simulate-world", run.simulate_world)
+    run.simulate_world = None if sims == [1] else sims  # 1 alone (the default): no simulation
+    sim = run.simulate_world is not None
+    if sim and run.devices > 1:
+        raise ConfigError(f"--simulate-world runs on one process: use --devices 1 (got --devices {run.devices})")
+    if run.cp == "auto":
+        if sim:
+            run.cp = "torch" if run.accelerator == "gpu" else "allgather-kv"
+        else:
+            run.cp = "none" if run.devices == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
+    if run.cp == "torch" and run.accelerator != "gpu" and not sim:  # simulated ring chunks are plain SDPA calls
+        raise ConfigError(
+            "--cp torch: torch's context_parallel intercepts only CUDA SDPA kernels "
+            "(use --cp allgather-kv on CPU, --simulate-world W, or run on a GPU)"
+        )
+    if run.cp == "none" and (run.devices > 1 or sim):
+        raise ConfigError("--cp none: no split to measure or simulate (use --cp torch, allgather-kv or ulysses)")
+    if run.graph and run.accelerator != "gpu":
+        raise ConfigError("--graph: CUDA graphs need a GPU (drop --graph, or use --accelerator gpu)")
+    if run.reps is not None and run.reps < 1:
+        raise ConfigError(f"--reps {run.reps}: must be >= 1")
+    for w in run.simulate_world or [run.devices]:
+        for s in run.seq_lens:
+            image, text = split_seq_len(s, data)
+            if image < 1 or image % w or text % w:
+                raise ConfigError(
+                    f"--seq-lens {s}: {image} image + {text} text tokens (data.text_tokens) do not both divide by "
+                    f"W = {w} (they are sharded separately: pick a length whose image part divides by {w})"
+                )
+        if run.cp in HEAD_SHARDING and model.num_heads % w:
+            raise ConfigError(
+                f"--model.num_heads {model.num_heads} is not divisible by W = {w}, which --cp {run.cp} needs "
+                f"(it shards heads: pick W dividing {model.num_heads}, or --cp allgather-kv)"
+            )
+    return cfg
+
+
 def run_name(cfg: BenchConfig, mode: str = "train") -> str:
     run = cfg.run
+    if mode == "ops":
+        w = f"sim{'-'.join(map(str, run.simulate_world))}" if run.simulate_world else f"W{run.world_size}"
+        return f"ops-{w}-{run.cp}-s{run.seq_lens[0]}"
     w = f"W{run.simulate_world}sim" if run.simulate_world > 1 else f"W{run.world_size}"
     dp = f"-dp{run.dp}" if run.dp > 1 else ""
     fsdp = "-fsdp" if run.weights == "fsdp" else ""

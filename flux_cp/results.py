@@ -16,6 +16,9 @@ from pathlib import Path
 SCHEMA = 1
 REQUIRED = ("schema", "mode", "run_name", "group", "world_size", "cp", "config", "env", "metrics", "loss")
 TRAIN_METRICS = ("step_ms", "host_ms", "sdpa_fwd_ms", "sdpa_bwd_ms", "qkv_gemm_fwd_ms", "qkv_gemm_bwd_ms")
+OPS_METRICS = ("sdpa_fwd_ms", "sdpa_bwd_ms", "qkv_gemm_fwd_ms", "qkv_gemm_bwd_ms")  # + <op>_host_ms
+OPS_ROW = ("op", "seq_len", "world", "simulated", "cp", "method", "graph", "sdpa_backend", "shape", "device_ms",
+           "host_ms", "flops", "tflops")  # fmt: skip
 
 
 def env_info(device=None) -> dict:
@@ -162,4 +165,30 @@ def validate(d: dict) -> list[str]:
         errs += [f"train metric {k!r} missing" for k in ("step_ms", "host_ms") if k not in d["metrics"]]
         if not all(isinstance(x, float) for x in d["loss"]):
             errs.append("loss must be a list of floats")
+    if d["mode"] == "ops":
+        errs += _validate_ops(d)
+    return errs
+
+
+def _validate_ops(d: dict) -> list[str]:
+    errs = [f"ops key {k!r} missing" for k in ("ops", "peak_tflops", "simulate_world") if k not in d]
+    if d.get("complete"):
+        errs += [f"ops metric {k!r} missing" for k in OPS_METRICS if k not in d["metrics"]]
+        errs += [f"ops metric {k[:-3]}_host_ms missing" for k in OPS_METRICS if f"{k[:-3]}_host_ms" not in d["metrics"]]
+    for i, row in enumerate(d.get("ops", [])):
+        errs += [f"ops[{i}] lacks {k!r}" for k in OPS_ROW if k not in row]
+        if errs:
+            break
+        if row["op"] not in (*(k[:-3] for k in OPS_METRICS), "gemm_peak"):
+            errs.append(f"ops[{i}]: op {row['op']!r}")
+        if row["method"] not in ("corrected", "seed-compat"):
+            errs.append(f"ops[{i}]: method {row['method']!r}")
+        for key in ("device_ms", "host_ms"):
+            m = row[key]
+            if m is None and key == "host_ms":
+                continue
+            if not all(k in m for k in ("median", "min", "max", "n")) or not 0 < m["min"] <= m["median"] <= m["max"]:
+                errs.append(f"ops[{i}].{key}: need 0 < min <= median <= max and n")
+        if not (row["flops"] > 0 and 0 < row["tflops"] < float("inf")):
+            errs.append(f"ops[{i}]: flops and tflops must be positive and finite")
     return errs

@@ -3,6 +3,7 @@
     python scripts/train_bench.py                       # GPU: configs/flux_4608.yaml; no GPU: configs/tiny.yaml
     python scripts/train_bench.py --devices 2           # two ranks (Lightning launches them)
     python scripts/train_bench.py --devices 1 --cp torch --config configs/flux_4608.yaml
+    python scripts/train_bench.py --ops-only --seq-lens 4608,100000 --simulate-world 2,4,8 --seed-compat
 
 Writes <output>/summary.json (default output: runs/<run_name>) and, unless --wandb-mode
 disabled, an offline wandb run under <output>/wandb (sync it with `wandb sync`).
@@ -36,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     if is_launcher_process() and not any(a == "--config" or a.startswith("--config=") for a in given):
         where = "a GPU is visible" if cfg.run.accelerator == "gpu" else "no GPU found: a tiny CPU config"
         print(f"train_bench.py: {where}, using {cfg.config_file} (choose with --config)", file=sys.stderr)
+    if cfg.run.ops_only:
+        from flux_cp.opbench import run_ops
+
+        return run_ops(cfg)
     return train(cfg)
 
 

@@ -1,0 +1,135 @@
+"""--ops-only: the op microbenchmark end to end (real gloo ranks), its simulation, its bad-input errors."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flux_cp.config import parse_config, resolve
+from flux_cp.opbench import OPS, OpBench
+from flux_cp.results import OPS_METRICS, validate
+
+from .conftest import ROOT, TINY, bench
+
+
+def _rows(d, **match):
+    return [r for r in d["ops"] if all(r[k] == v for k, v in match.items())]
+
+
+def test_devices_2_writes_a_valid_ops_summary(tmp_path):
+    r = bench("--ops-only", "--devices", 2, "--config", TINY, "--seq-lens", "144,288", "--seed-compat",
+              "--output", tmp_path, "--wandb-mode", "offline")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "sdpa_fwd" in r.stderr and "seed-compat" in r.stderr  # the table
+    d = json.loads((tmp_path / "summary.json").read_text())
+    assert validate(d) == [] and d["complete"]
+    assert (d["mode"], d["world_size"], d["cp"], d["simulate_world"], d["loss"]) == ("ops", 2, "allgather-kv", None, [])
+    assert d["peak_tflops"] is None and d["tokens_per_rank"] == 72  # no GEMM peak on CPU
+    for name in OPS_METRICS:  # device and host time per call, first seq len, both ranks
+        for key in (name, name[:-3] + "_host_ms"):
+            m = d["metrics"][key]
+            assert m["n"] == 5 and 0 < m["min"] <= m["median"] <= m["max"] < math.inf, key
+        assert d["metrics"][name]["rank_min_median"] <= d["metrics"][name]["rank_max_median"]
+    for s in (144, 288):
+        for op in OPS:
+            (row,) = _rows(d, op=op, seq_len=s, method="corrected")
+            assert row["world"] == 2 and not row["simulated"] and not row["graph"] and row["tflops"] > 0
+        (fwd,) = _rows(d, op="sdpa_fwd", seq_len=s, method="corrected")
+        assert fwd["shape"] == f"q,k,v(1,4,{s // 2},16) local" and fwd["flops"] == 4 * 4 * (s // 2) * s * 16
+        (gemm,) = _rows(d, op="qkv_gemm_fwd", seq_len=s, method="corrected")
+        assert gemm["shape"] == f"({s // 2},64)x(64,192)"  # the real projection: K = hidden
+        seed = {r["op"]: r for r in _rows(d, seq_len=s, method="seed-compat")}
+        assert set(seed) == {"sdpa_fwd", "sdpa_bwd", "qkv_gemm_fwd"}
+        assert seed["qkv_gemm_fwd"]["shape"] == f"(1,4,{s // 2},16)x(16,48)"  # the seed's: K = head_dim
+        assert all(r["host_ms"] is None and r["device_ms"]["n"] == 1 for r in seed.values())
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+
+
+def test_simulate_world_on_one_process(tmp_path):
+    r = bench("--ops-only", "--config", TINY, "--simulate-world", "1,4", "--cp", "ulysses",
+              "--output", tmp_path, "--wandb-mode", "disabled")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads((tmp_path / "summary.json").read_text())
+    assert validate(d) == []
+    assert (d["world_size"], d["simulate_world"], d["simulate_worlds"]) == (1, 1, [1, 4])
+    assert all(r["simulated"] for r in d["ops"]) and {r["world"] for r in d["ops"]} == {1, 4}
+    (fwd4,) = _rows(d, op="sdpa_fwd", world=4)
+    assert fwd4["shape"] == "q(1,1,144,16) kv(1,1,144,16)"  # ulysses: H/W heads over the full sequence
+    assert not (tmp_path / "wandb").exists()
+
+
+def _bench(cp: str, simulate: str | None, world: int = 1):
+    argv = ["--config", str(TINY), "--ops-only", "--cp", cp] + (["--simulate-world", simulate] if simulate else [])
+    cfg = resolve(parse_config(argv, cuda_available=False), cuda_available=False, gpu_count=0)
+    return OpBench(cfg, 0, 1, torch.device("cpu"), barrier=lambda: None)
+
+
+@pytest.mark.parametrize(
+    ("cp", "outs", "kv"),
+    [
+        ("allgather-kv", [(1, 4, 36, 16)], (1, 4, 144, 16)),  # local queries, all keys
+        ("ulysses", [(1, 1, 144, 16)], (1, 1, 144, 16)),  # H/W heads, all tokens
+        ("torch", [(1, 4, 36, 16)] * 4, (1, 4, 144, 16)),  # W ring chunks of S/W keys
+    ],
+)
+def test_simulated_per_rank_attention(cp, outs, kv):
+    """W=4 out of S=144: what one rank computes, and the gradients it produces for its inputs."""
+    fwd, bwd = _bench(cp, "4").factory.sdpa(144, 4, simulated=True)
+    assert [tuple(o.shape) for o in fwd.build()[0]()] == outs
+    assert fwd.flops == 4 * 4 * 36 * 144 * 16 and bwd.flops == 2.5 * fwd.flops  # the same work for every split
+    grads = bwd.build()[0]()
+    assert [tuple(g.shape) for g in grads] == [outs[0][:3] + (16,), kv, kv]
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_simulated_ring_chunks_cover_every_key():
+    """The W ring chunks, merged by their log-sum-exp as the ring does, give full attention of the queries."""
+    (fwd, _) = _bench("torch", "4").factory.sdpa(144, 4, simulated=True)
+    call = fwd.build()[0]
+    q, k, v = (x.detach().double() for x in call.args)  # (1, 4, 36, 16), (1, 4, 144, 16) x 2
+    outs = [o.detach().double() for o in call()]
+    lse = torch.stack([(q @ kc.transpose(-1, -2) / 4).logsumexp(-1) for kc in k.chunk(4, 2)])  # (4, 1, 4, 36)
+    merged = sum(w[..., None] * o for w, o in zip((lse - lse.logsumexp(0)).exp(), outs))
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(merged, full, rtol=1e-5, atol=1e-5)
+
+
+BAD = [
+    (["--devices", 2, "--seq-lens", 145], "--seq-lens 145: 97 image + 48 text tokens"),
+    (["--simulate-world", 3, "--cp", "ulysses"], "--model.num_heads 4 is not divisible by W = 3"),
+    (["--simulate-world", 2, "--devices", 2], "--simulate-world runs on one process"),
+    (["--seq-lens", "4608,abc"], "--seq-lens 4608,abc: expected comma-separated integers"),
+    (["--graph"], "--graph: CUDA graphs need a GPU"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD)
+def test_bad_ops_input_is_one_line_and_exit_2(tmp_path, args, message):
+    r = bench("--ops-only", "--config", TINY, *args, "--output", tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert not (tmp_path / "summary.json").exists()  # nothing ran
+
+
+@pytest.mark.gpu
+def test_plain_sdpa_matches_a_plain_torch_script():
+    """opbench's corrected timing of a plain SDPA call agrees with scripts/plain_sdpa_timing.py."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    argv = ["--config", str(ROOT / "configs/flux_4608.yaml"), "--ops-only", "--cp", "none", "--seq-lens", "4608"]
+    cfg = resolve(parse_config(argv, cuda_available=True), cuda_available=True, gpu_count=1)
+    ob = OpBench(cfg, 0, 1, torch.device("cuda", 0), barrier=lambda: None)
+    ob.run()
+    plain = subprocess.run([sys.executable, str(ROOT / "scripts/plain_sdpa_timing.py"), "--seq-len", "4608"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    ref = json.loads(plain.stdout.strip().splitlines()[-1])
+    for op in ("sdpa_fwd", "sdpa_bwd"):
+        (row,) = _rows({"ops": ob.rows}, op=op)
+        got, want = row["device_ms"]["median"], ref[f"{op}_ms"]
+        print(f"{op}: opbench {got:.4f} ms, plain script {want:.4f} ms")
+        assert abs(got - want) <= 0.15 * want + 0.02, (op, got, want)
