@@ -57,13 +57,14 @@ def write(path, d):
 
 @pytest.fixture(scope="module")
 def train_runs(tmp_path_factory):
-    """Two real CPU runs, made once: W=1 (--cp none) and W=2 (allgather-kv)."""
+    """Three real CPU runs, made once: W=1 (--cp none), W=2 (allgather-kv), and W=2 simulated in one process."""
     base = tmp_path_factory.mktemp("train")
     out = {}
-    for w, cp in ((1, "none"), (2, "allgather-kv")):
-        r = bench("--devices", w, "--cp", cp, "--wandb-mode", "disabled", "--group", "rpt", "--output", base / f"w{w}")
+    for name, args in ((1, ["--devices", 1, "--cp", "none"]), (2, ["--devices", 2, "--cp", "allgather-kv"]),
+                       ("sim", ["--devices", 1, "--cp", "allgather-kv", "--simulate-world", 2])):
+        r = bench(*args, "--wandb-mode", "disabled", "--group", "rpt", "--output", base / f"w{name}")
         assert r.returncode == 0, r.stderr[-3000:]
-        out[w] = base / f"w{w}" / "summary.json"
+        out[name] = base / f"w{name}" / "summary.json"
     return out
 
 
@@ -75,6 +76,7 @@ def built(train_runs, tmp_path_factory):
     for w, p in train_runs.items():
         shutil.copy(p, root / f"train-w{w}.json")  # not named summary.json: must not be found
         write(root / "sweep" / f"train-w{w}" / "summary.json", p.read_text())
+    shutil.copytree(train_runs["sim"].parent, root / "sim")  # a duplicate simulated run: the latest is used
     for w, cp in ((1, "none"), (2, "allgather-kv")):
         write(root / "ops" / f"w{w}" / "summary.json", ops_summary(t[1], w, cp))
     odd = copy.deepcopy(t[2])  # another model: its own configuration, with no W=1 baseline
@@ -89,8 +91,8 @@ def built(train_runs, tmp_path_factory):
     return {"root": root, "out": out, "cli": r, "t": t, "json": json.loads((out / "report.json").read_text())}
 
 
-def _config(rep, heads):
-    (c,) = [c for c in rep["configurations"] if c["key"]["heads"] == heads]
+def _config(rep, heads, strategy="allgather-kv"):
+    (c,) = [c for c in rep["configurations"] if c["key"]["heads"] == heads and c["strategy"] == strategy]
     return c
 
 
@@ -206,33 +208,44 @@ def test_wandb_report_run_offline(built):
     assert "wandb sync" in built["cli"].stderr and "--wandb-mode online --wandb-report" in built["cli"].stderr
 
 
-def test_measured_profile_idle_and_simulated_runs(train_runs, tmp_path):
-    """Optional keys: profile comm and idle replace the estimates; a simulated W=2 adds estimated comm."""
+def test_simulated_run_adds_estimated_comm(built):
+    """--simulate-world 2 measures compute only: the report adds the K/V and gradient traffic it would need."""
+    t1, ts = built["t"][1], built["t"]["sim"]
+    (c,) = [c for c in built["json"]["configurations"] if c["strategy"] == "allgather-kv simulated"]
+    base, row = c["rows"]
+    assert base["run"] == t1["run_name"] and row["run"] == ts["run_name"] and row["W"] == 2 and row["simulated"]
+    assert "1 other run(s) at W=2" in c["notes"][0]
+    e = row["comm_estimate"]
+    comm = (e["kv_fwd_bytes"] + e["kv_bwd_bytes"] + e["grad_bytes"]) / 450e9 * 1e3
+    step = ts["metrics"]["step_ms"]["median"]
+    assert row["step_ms"] == step and row["projected_step_ms"] == pytest.approx(step + comm)
+    assert row["speedup"]["projected_step"] == pytest.approx(t1["metrics"]["step_ms"]["median"] / (step + comm))
+    assert row["verdict"].startswith("W=2 (simulated, comm estimated)")
+
+
+def test_profile_comm_and_idle_replace_estimates(train_runs, tmp_path):
     t1, t2 = (json.loads(train_runs[w].read_text()) for w in (1, 2))
     step2 = t2["metrics"]["step_ms"]["median"]
     bd = {"attention": 1.0, "gemm": 1.0, "comm_attention": 0.01 * step2, "comm_grad": 0.02 * step2, "other": 1.0,
           "busy": 0.6 * step2, "idle": 0.4 * step2, "step": step2}
     t2["profile"] = {"steps": 2, "trace_files": [], "breakdown_ms": bd, "idle_frac": 0.4, "ops_call_ms": {}}
-    sim = copy.deepcopy(t1) | {"simulate_world": 2, "cp": "allgather-kv", "run_name": "train-W2sim",
-                               "idle": {"device_idle_frac": 0.1, "source": "events"}}
-    for name, d in (("w1", t1), ("w2", t2), ("sim", sim)):
+    for name, d in (("w1", t1), ("w2", t2)):
         write(tmp_path / name / "summary.json", d)
-    rep = build(tmp_path, link_gbps=100).to_dict()
-    real = next(c for c in rep["configurations"] if c["strategy"] == "allgather-kv")
-    row = real["rows"][1]
+    (c,) = build(tmp_path, link_gbps=100).to_dict()["configurations"]
+    row = c["rows"][1]
     assert row["comm_source"] == "measured (profile)" and row["idle_source"] == "profile"
     assert row["parts_ms"]["comm_kv"] == pytest.approx(bd["comm_attention"])
-    assert row["parts_ms"]["comm_grad"] == bd["comm_grad"] and row["parts_ms"]["idle"] == bd["idle"]
+    assert row["parts_ms"]["comm_grad"] == bd["comm_grad"] and row["parts_ms"]["idle"] == pytest.approx(bd["idle"])
     assert "host bound at W=2: device idle 40% of the step" in row["verdict"]
     assert row["amdahl"]["residual_named"] == "host"
-    simc = next(c for c in rep["configurations"] if c["strategy"] == "allgather-kv simulated")
-    base, srow = simc["rows"]
-    assert base["run"] == t1["run_name"] and srow["W"] == 2 and srow["simulated"]
-    e = srow["comm_estimate"]
-    comm = (e["kv_fwd_bytes"] + e["kv_bwd_bytes"] + e["grad_bytes"]) / 100e9 * 1e3
-    assert srow["projected_step_ms"] == pytest.approx(srow["step_ms"] + comm)
-    assert srow["speedup"]["projected_step"] == pytest.approx(base["step_ms"] / (srow["step_ms"] + comm))
-    assert srow["idle_ms"] == pytest.approx(0.1 * srow["step_ms"])
+    # events idle (measured steps) wins over the profile; a profile without comm kernels gets the estimate
+    t2["idle"] = {"device_idle_frac": 0.1, "source": "events"}
+    t2["profile"]["breakdown_ms"] |= {"comm_attention": 0.0, "comm_grad": 0.0}
+    write(tmp_path / "w2" / "summary.json", t2)
+    (c,) = build(tmp_path, link_gbps=100).to_dict()["configurations"]
+    row = c["rows"][1]
+    assert row["idle_source"] == "events" and row["idle_ms"] == pytest.approx(0.1 * step2)
+    assert row["comm_source"] == "estimate (100 GB/s)" and "no communication kernels" in row["notes"][0]
 
 
 def test_bad_input(tmp_path):
