@@ -250,6 +250,7 @@ def isolated_rows(runs: list[Run]) -> list[dict]:
                             "head_dim": key["head_dim"], "precision": key["precision"], "op": row["op"],
                             "seq_len": int(row["seq_len"]), "world": int(row["world"]), "cp": row.get("cp", r.d["cp"]),
                             "method": row.get("method", "corrected"), "graph": row.get("graph", False),
+                            "simulated": bool(row.get("simulated", r.simulated)),
                             "sdpa_backend": row.get("sdpa_backend", key["sdpa_backend"]),
                             "device_ms": float(row["device_ms"]["median"]),
                             "host_ms": (row.get("host_ms") or {}).get("median")})
@@ -260,15 +261,16 @@ def isolated_rows(runs: list[Run]) -> list[dict]:
 
 def match_isolated(iso: list[dict], key: dict, W: int, cp: str) -> dict[str, float]:
     """Per-call isolated device ms of each op for a configuration at W (same device, dims, seq len)."""
-    base_cp = cp.split("(")[0].split(" ")[0]
+    base_cp, simulated = cp.split("(")[0].split(" ")[0], cp.endswith("simulated")
     found = {}
     for op in OPS:
         cands = [r for r in iso if r["op"] == op and r["world"] == W and r["seq_len"] == key["seq_len"]
                  and all(r[k] == key[k] for k in ("device", "heads", "head_dim", "precision"))
                  and (r["cp"] == base_cp or (W == 1 and r["cp"] in ("none", base_cp)))]
-        # prefer the corrected method, eager, the same SDPA backend, then cp none at W=1
+        # prefer the corrected method, eager, the same SDPA backend, simulated like the config, cp none at W=1
         cands.sort(key=lambda r: (r["method"] != "corrected", bool(r["graph"]),
-                                  r["sdpa_backend"] != key["sdpa_backend"], r["cp"] != "none"))
+                                  r["sdpa_backend"] != key["sdpa_backend"], W > 1 and r["simulated"] != simulated,
+                                  r["cp"] != "none"))
         if cands:
             found[op] = cands[0]["device_ms"]
     return found
@@ -292,7 +294,7 @@ def comm_estimate(d: dict, W: int, link_gbps: float) -> dict:
     B, H, D = data["batch_size"], m["num_heads"], m["head_dim"]
     S = data["image_height"] * data["image_width"] + data["text_tokens"]
     blocks = int(m.get("double_blocks", 0)) + int(m.get("single_blocks", 0))
-    params = d.get("params")
+    params = d.get("params") if isinstance(d.get("params"), (int, float)) else None
     bhsd = B * H * S * D * b
     cp = d["cp"]
     if W <= 1 or cp == "none":
@@ -503,9 +505,14 @@ def build(root: Path, link_gbps: float = 450.0) -> Report:
     if not runs and not skipped:
         raise ReportError(f"RUNS_DIR {root}: no summary.json found (run scripts/train_bench.py --output {root}/<name>)")
     iso = isolated_rows(runs)
-    configs = group(runs)
-    for c in configs:
-        analyse(c, iso, link_gbps)
+    configs = []
+    for c in group(runs):
+        try:
+            analyse(c, iso, link_gbps)
+            configs.append(c)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:  # odd values: listed, never a crash
+            why = f"could not analyse configuration {c.title} ({type(e).__name__}: {_first_line(e)})"
+            skipped += [Skipped(r.run.path, "skipped", why) for r in c.rows]
     return Report(root, link_gbps, configs, runs, skipped, iso)
 
 
