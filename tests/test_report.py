@@ -1,0 +1,263 @@
+"""The report on real CPU runs (W=1 none, W=2 allgather-kv) plus ops-mode summaries built to the
+ops format: its numbers equal those computed from the summaries, figures and HTML are valid,
+bad runs are listed rather than fatal, and bad input fails with one line."""
+
+import base64
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+
+from flux_cp.report import OPS, build
+from flux_cp.results import validate
+
+from .conftest import ROOT, bench
+
+REPORT = ROOT / "scripts" / "report.py"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ISO = {1: {"sdpa_fwd": 0.40, "sdpa_bwd": 1.20, "qkv_gemm_fwd": 0.30, "qkv_gemm_bwd": 0.60},  # per call, ms
+       2: {"sdpa_fwd": 0.38, "sdpa_bwd": 1.10, "qkv_gemm_fwd": 0.16, "qkv_gemm_bwd": 0.31}}
+
+
+def report_cli(*args):
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    return subprocess.run([sys.executable, str(REPORT), *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=env)
+
+
+def st(v):
+    return {"median": v, "min": v, "max": v, "n": 5}
+
+
+def ops_summary(train: dict, world: int, cp: str) -> dict:
+    """An ops-mode summary.json as the ops format specifies, for the train run's model and device."""
+    d = {k: copy.deepcopy(train[k]) for k in ("schema", "group", "config", "env", "params", "sdpa_backend")}
+    ms = ISO[world]
+    d |= {"mode": "ops", "run_name": f"ops-W{world}-{cp}-s144", "world_size": world, "cp": cp,
+          "simulate_world": None, "loss": [], "complete": True, "peak_tflops": None}
+    d["metrics"] = {f"{op}_ms": st(v) for op, v in ms.items()} | {f"{op}_host_ms": st(v / 2) for op, v in ms.items()}
+    row = {"seq_len": 144, "world": world, "simulated": False, "cp": cp, "graph": False, "sdpa_backend": "auto",
+           "shape": "(1, 4, 144, 16)", "flops": 1e6, "tflops": 1.0}
+    # the seed-compat rows carry other figures: the report must prefer the corrected method
+    d["ops"] = [{**row, "op": op, "method": m, "device_ms": st(v * (1 if m == "corrected" else 7)),
+                 "host_ms": st(v / 2)} for op, v in ms.items() for m in ("seed-compat", "corrected")]
+    d["ops"].append({**row, "op": "gemm_peak", "method": "corrected", "device_ms": st(1.0), "host_ms": None})
+    return d
+
+
+def write(path, d):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(d if isinstance(d, str) else json.dumps(d))
+
+
+@pytest.fixture(scope="module")
+def train_runs(tmp_path_factory):
+    """Three real CPU runs, made once: W=1 (--cp none), W=2 (allgather-kv), and W=2 simulated in one process."""
+    base = tmp_path_factory.mktemp("train")
+    out = {}
+    for name, args in ((1, ["--devices", 1, "--cp", "none"]), (2, ["--devices", 2, "--cp", "allgather-kv"]),
+                       ("sim", ["--devices", 1, "--cp", "allgather-kv", "--simulate-world", 2])):
+        r = bench(*args, "--wandb-mode", "disabled", "--group", "rpt", "--output", base / f"w{name}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[name] = base / f"w{name}" / "summary.json"
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(train_runs, tmp_path_factory):
+    """RUNS_DIR with the real runs, ops runs, a mismatched config and bad files; the CLI run once on it."""
+    root = tmp_path_factory.mktemp("runs")
+    t = {w: json.loads(p.read_text()) for w, p in train_runs.items()}
+    for w, p in train_runs.items():
+        shutil.copy(p, root / f"train-w{w}.json")  # not named summary.json: must not be found
+        write(root / "sweep" / f"train-w{w}" / "summary.json", p.read_text())
+    shutil.copytree(train_runs["sim"].parent, root / "sim")  # a duplicate simulated run: the latest is used
+    for w, cp in ((1, "none"), (2, "allgather-kv")):
+        write(root / "ops" / f"w{w}" / "summary.json", ops_summary(t[1], w, cp))
+    odd = copy.deepcopy(t[2])  # another model: its own configuration, with no W=1 baseline
+    odd["config"]["model"]["num_heads"] = 8
+    odd["run_name"] = "train-W2-heads8"
+    write(root / "odd" / "summary.json", odd)
+    write(root / "bad" / "corrupt" / "summary.json", '{"schema": 1, "mode": "tr')
+    write(root / "bad" / "schema" / "summary.json", {"schema": 1, "mode": "train"})
+    write(root / "bad" / "partial" / "summary.json", {**t[2], "complete": False, "error": "RuntimeError: boom"})
+    out = root / "out"
+    r = report_cli(root, "--out", out, "--wandb-mode", "offline", "--wandb-report")
+    return {"root": root, "out": out, "cli": r, "t": t, "json": json.loads((out / "report.json").read_text())}
+
+
+def _config(rep, heads, strategy="allgather-kv"):
+    (c,) = [c for c in rep["configurations"] if c["key"]["heads"] == heads and c["strategy"] == strategy]
+    return c
+
+
+def test_ops_summaries_follow_the_contract(built):
+    for w in (1, 2):
+        assert validate(json.loads((built["root"] / "ops" / f"w{w}" / "summary.json").read_text())) == []
+
+
+def test_numbers_equal_those_from_the_summaries(built):
+    assert built["cli"].returncode == 0, built["cli"].stderr
+    t1, t2 = built["t"][1], built["t"][2]
+    med = lambda d, k: d["metrics"][k]["median"]  # noqa: E731
+    c = _config(built["json"], 4)
+    assert c["strategy"] == "allgather-kv"
+    base, row = c["rows"]
+    assert base["baseline"] and base["run"] == t1["run_name"] and row["run"] == t2["run_name"] and row["W"] == 2
+    # speedups: step and each op in-step (train runs), isolated (ops runs, corrected method)
+    assert row["speedup"]["step"] == pytest.approx(med(t1, "step_ms") / med(t2, "step_ms"), rel=1e-12)
+    for op in OPS:
+        assert row["speedup_instep"][op] == pytest.approx(med(t1, f"{op}_ms") / med(t2, f"{op}_ms"), rel=1e-12)
+        assert row["speedup_isolated"][op] == pytest.approx(ISO[1][op] / ISO[2][op], rel=1e-12)
+        assert row["isolated_call_ms"][op] == ISO[2][op]
+        assert row["call_ms"][op] == med(t2, f"{op}_call_ms")
+    # shares at W=1: no comm, idle not recorded, other = step - op regions
+    step1 = med(t1, "step_ms")
+    for op in OPS:
+        assert base["shares"][op] == pytest.approx(med(t1, f"{op}_ms") / step1, rel=1e-9)
+    other1 = step1 - sum(med(t1, f"{op}_ms") for op in OPS)
+    assert base["shares"]["other"] == pytest.approx(other1 / step1, rel=1e-9)
+    assert base["parts_ms"]["comm_kv"] == base["parts_ms"]["comm_grad"] == base["parts_ms"]["idle"] == 0
+    assert sum(row["shares"].values()) == pytest.approx(1.0)
+    # comm not measured on this run: estimated from bytes at 450 GB/s, fp32 (4 bytes), 2 + 2 blocks
+    B, H, S, D, blocks = 1, 4, 144, 16, 4
+    kv = 2 * B * H * S * D * 4 * (2 - 1) / 2 * blocks
+    grad = t2["params"] * 4 * 2 * (2 - 1) / 2
+    est = row["comm_estimate"]
+    assert est["kv_fwd_bytes"] == est["kv_bwd_bytes"] == kv and est["grad_bytes"] == grad
+    assert row["parts_ms"]["comm_kv"] == pytest.approx(2 * kv / 450e9 * 1e3)
+    assert row["parts_ms"]["comm_grad"] == pytest.approx(grad / 450e9 * 1e3)
+    assert row["comm_source"].startswith("estimate")
+    # Amdahl: compute parts at W=2 are the step less its communication (no idle recorded)
+    comm = row["parts_ms"]["comm_kv"] + row["parts_ms"]["comm_grad"]
+    am = row["amdahl"]
+    assert am["predicted_speedup"] == pytest.approx(step1 / (med(t2, "step_ms") - comm), rel=1e-9)
+    assert am["residual_ms"] == pytest.approx(comm, rel=1e-6) and am["residual_named"] == "comm"
+    iso_pred = sum(med(t1, f"{op}_ms") * ISO[2][op] / ISO[1][op] for op in OPS) + other1 / 2 + comm
+    assert am["isolated_predicted_speedup"] == pytest.approx(step1 / iso_pred, rel=1e-9)
+    assert row["verdict"].startswith(f"W=2: {row['speedup']['step']:.2f}x step speedup")
+    md = (built["out"] / "report.md").read_text()
+    assert f"{row['speedup']['step']:.3g}x" in md and row["verdict"] in md
+
+
+def test_mismatched_config_is_its_own_group_without_baseline(built):
+    c = _config(built["json"], 8)
+    assert [r["run"] for r in c["rows"]] == ["train-W2-heads8"]  # never mixed with the heads-4 runs
+    assert "no W=1 baseline" in c["notes"][0] and "heads 4 vs 8" in c["notes"][0]
+    (row,) = c["rows"]
+    assert "speedup" not in row and row["step_ms"] == built["t"][2]["metrics"]["step_ms"]["median"]
+    assert "no W=1 baseline" in row["verdict"]
+
+
+def test_bad_runs_are_listed_not_fatal(built):
+    skipped = {s["path"].split("/bad/")[1]: s for s in built["json"]["skipped"]}
+    assert set(skipped) == {"corrupt/summary.json", "schema/summary.json", "partial/summary.json"}
+    assert skipped["corrupt/summary.json"]["reason"].startswith("unreadable JSON")
+    assert skipped["schema/summary.json"]["reason"].startswith("schema mismatch: missing key")
+    assert skipped["partial/summary.json"]["status"] == "partial"
+    assert "RuntimeError: boom" in skipped["partial/summary.json"]["reason"]
+    md = (built["out"] / "report.md").read_text()
+    assert "## Skipped and partial runs" in md and "RuntimeError: boom" in md
+    assert "partial: " in built["cli"].stderr
+
+
+def test_figures_are_pngs_and_html_embeds_them(built):
+    from PIL import Image
+
+    out = built["out"]
+    pngs = sorted(out.glob("*.png"))
+    assert {p.name for p in pngs} >= {"c1_breakdown.png", "c1_speedup.png", "c1_ops.png", "c2_breakdown.png"}
+    for p in pngs:
+        assert p.read_bytes()[:8] == PNG_MAGIC
+        with Image.open(p) as im:
+            im.verify()
+
+    class Page(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.imgs, self.tables, self.text = [], 0, []
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "img":
+                self.imgs.append(a["src"])
+            self.tables += tag == "table"
+
+        def handle_data(self, data):
+            self.text.append(data)
+
+    page = Page()
+    page.feed((out / "report.html").read_text())
+    page.close()
+    assert len(page.imgs) == len(pngs) and page.tables >= 5
+    prefix = "data:image/png;base64,"
+    assert all(s.startswith(prefix) for s in page.imgs)  # self-contained: nothing fetched
+    assert {base64.b64decode(s[len(prefix):]) for s in page.imgs} == {p.read_bytes() for p in pngs}
+    assert "RuntimeError: boom" in "".join(page.text)
+
+
+def test_wandb_report_run_offline(built):
+    runs = list((built["out"] / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+    assert len(list(runs[0].parent.glob("files/media/images/**/*.png"))) == len(list(built["out"].glob("*.png")))
+    assert "wandb sync" in built["cli"].stderr and "--wandb-mode online --wandb-report" in built["cli"].stderr
+
+
+def test_simulated_run_adds_estimated_comm(built):
+    """--simulate-world 2 measures compute only: the report adds the K/V and gradient traffic it would need."""
+    t1, ts = built["t"][1], built["t"]["sim"]
+    (c,) = [c for c in built["json"]["configurations"] if c["strategy"] == "allgather-kv simulated"]
+    base, row = c["rows"]
+    assert base["run"] == t1["run_name"] and row["run"] == ts["run_name"] and row["W"] == 2 and row["simulated"]
+    assert "1 other run(s) at W=2" in c["notes"][0]
+    e = row["comm_estimate"]
+    comm = (e["kv_fwd_bytes"] + e["kv_bwd_bytes"] + e["grad_bytes"]) / 450e9 * 1e3
+    step = ts["metrics"]["step_ms"]["median"]
+    assert row["step_ms"] == step and row["projected_step_ms"] == pytest.approx(step + comm)
+    assert row["speedup"]["projected_step"] == pytest.approx(t1["metrics"]["step_ms"]["median"] / (step + comm))
+    assert row["verdict"].startswith("W=2 (simulated, comm estimated)")
+
+
+def test_profile_comm_and_idle_replace_estimates(train_runs, tmp_path):
+    t1, t2 = (json.loads(train_runs[w].read_text()) for w in (1, 2))
+    step2 = t2["metrics"]["step_ms"]["median"]
+    bd = {"attention": 1.0, "gemm": 1.0, "comm_attention": 0.01 * step2, "comm_grad": 0.02 * step2, "other": 1.0,
+          "busy": 0.6 * step2, "idle": 0.4 * step2, "step": step2}
+    t2["profile"] = {"steps": 2, "trace_files": [], "breakdown_ms": bd, "idle_frac": 0.4, "ops_call_ms": {}}
+    for name, d in (("w1", t1), ("w2", t2)):
+        write(tmp_path / name / "summary.json", d)
+    (c,) = build(tmp_path, link_gbps=100).to_dict()["configurations"]
+    row = c["rows"][1]
+    assert row["comm_source"] == "measured (profile)" and row["idle_source"] == "profile"
+    assert row["parts_ms"]["comm_kv"] == pytest.approx(bd["comm_attention"])
+    assert row["parts_ms"]["comm_grad"] == bd["comm_grad"] and row["parts_ms"]["idle"] == pytest.approx(bd["idle"])
+    assert "host bound at W=2: device idle 40% of the step" in row["verdict"]
+    assert row["amdahl"]["residual_named"] == "host"
+    # events idle (measured steps) wins over the profile; a profile without comm kernels gets the estimate
+    t2["idle"] = {"device_idle_frac": 0.1, "source": "events"}
+    t2["profile"]["breakdown_ms"] |= {"comm_attention": 0.0, "comm_grad": 0.0}
+    write(tmp_path / "w2" / "summary.json", t2)
+    (c,) = build(tmp_path, link_gbps=100).to_dict()["configurations"]
+    row = c["rows"][1]
+    assert row["idle_source"] == "events" and row["idle_ms"] == pytest.approx(0.1 * step2)
+    assert row["comm_source"] == "estimate (100 GB/s)" and "no communication kernels" in row["notes"][0]
+
+
+def test_bad_input(tmp_path):
+    r = report_cli(tmp_path)  # empty folder
+    assert r.returncode == 2 and "no summary.json found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = report_cli(tmp_path / "nope")
+    assert r.returncode == 2 and "not a directory" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = report_cli(tmp_path, "--link-gbps", "0")
+    assert r.returncode == 2 and "--link-gbps" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = report_cli(tmp_path, "--wandb-mode", "sometimes")
+    assert r.returncode == 2 and "--wandb-mode" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    write(tmp_path / "a" / "summary.json", "[1, 2")  # nothing usable: the report still lists it, exit 1
+    r = report_cli(tmp_path, "--wandb-mode", "disabled")
+    assert r.returncode == 1 and "no usable run" in r.stderr
+    assert "unreadable JSON" in (tmp_path / "report" / "report.md").read_text()
