@@ -261,11 +261,6 @@ def resolve(
         raise ConfigError(
             f"--model.rope_axes {model.rope_axes}: must be even and sum to head_dim {model.head_dim}"
         )
-    if run.compile and run.cp == "torch":
-        raise ConfigError(
-            "--compile true --cp torch: torch's context_parallel swaps SDPA at run time and does not compose "
-            "with torch.compile here (docs/results); use --cp ulysses or --cp allgather-kv with --compile"
-        )
     if run.compile and run.warmup_steps < 2:
         raise ConfigError(
             f"--warmup-steps {run.warmup_steps}: --compile compiles (and may recompile) in warm-up; use >= 2"

@@ -153,6 +153,13 @@ class CPStrategy:
 class AllGatherKV(CPStrategy):
     name = "allgather-kv"
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.sdpa_backend == "auto" and self.device is not None and self.device.type == "cuda":
+            # torch 2.11's cuDNN SDPA faults (illegal memory access) when queries are shorter than keys
+            # (docs/results/2026-12-02-h200-session2.md): pin flash, which handles S_q != S_kv.
+            self.sdpa_backend = "flash"
+
     def attention(self, q, k, v):
         if self.world > 1:
             k, v = _GatherSeq.apply(torch.stack([k, v]), self.group, self.world).unbind(0)
@@ -202,7 +209,7 @@ class TorchRing(CPStrategy):
         return stack
 
 
-class SimulatedAllGatherKV(CPStrategy):
+class SimulatedAllGatherKV(AllGatherKV):
     """One rank of a `sim`-way allgather-kv split, in one process and without the collective: local
     queries attend to `sim` copies of the local K/V, the gathered tensors' size and layout. Compute
     and memory traffic are the rank's; the values are not (timing only)."""

@@ -6,7 +6,8 @@ The trace (one per rank) is the evidence; this module reduces it to per-step fig
     gemm             matmul kernels (cuBLAS / cuBLASLt nvjet / CUTLASS), outside attention
     comm_attention   NCCL kernels of the CP strategy's K/V exchange (all-gather, reduce-scatter, send/recv)
     comm_grad        NCCL all-reduce: the gradient synchronisation of the replicated weights
-    other            everything else on the device (elementwise, norms, optimizer, copies)
+    optimizer        the optimizer step's kernels (AdamW): a fixed cost per step, whatever W
+    other            everything else on the device (elementwise, norms, copies)
     busy             union of all device intervals (overlapping streams count once)
     idle             device window of the step minus busy: the host-bound gaps
     step             device window: first kernel start to last kernel end of the step
@@ -30,6 +31,7 @@ from pathlib import Path
 
 _ATTN = re.compile(r"flash|fmha|attention|sdpa|_attn|fprop|bprop", re.I)
 _ATTN_BWD = re.compile(r"bwd|backward|bprop|cutlassB|dot_do_o|convert_dq", re.I)
+_OPT = re.compile(r"adam|multi_tensor_apply", re.I)
 _GEMM = re.compile(r"gemm|nvjet|xmma|cutlass|cublas|matmul|splitk|^aten::(mm|addmm|bmm|baddbmm)$", re.I)
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _CPU_LEAF = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_scaled_dot_product_\w+)$|^c10d::|^gloo:")
@@ -41,6 +43,8 @@ def kernel_class(name: str) -> str:
     low = name.lower()
     if "nccl" in low or low.startswith(("c10d::", "gloo:")):
         return "comm_grad" if "allreduce" in low else "comm_attention"
+    if _OPT.search(name):
+        return "optimizer"
     if _ATTN.search(name):
         return "attention"
     if _GEMM.search(name):
@@ -109,7 +113,7 @@ def breakdown(events: list[dict]) -> dict:
             busy = window = next(b - a for a, b, n in steps if n == step) / 1e3
             cats["other"] = window - sum(cats.values())
         rows.append({**cats, "busy": busy, "step": window, "idle": window - busy})
-    keys = ("attention", "gemm", "comm_attention", "comm_grad", "other", "busy", "idle", "step")
+    keys = ("attention", "gemm", "comm_attention", "comm_grad", "optimizer", "other", "busy", "idle", "step")
     med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
     calls = defaultdict(int)
     for _, _, n in regions:

@@ -38,7 +38,41 @@ simulate() {
 # torch.compile of a block under torch's context_parallel (world size 1): does it compose on this torch?
 compile_cp() { log "compile under context_parallel"; python3 scripts/check_compile_cp.py 2>&1 | tail -8; }
 
-sections=${*:-"device timing compile_cp simulate gpu_tests"}
+# cuDNN SDPA with S_q != S_kv (allgather-kv's shapes) on this torch
+cudnn_qkv() { log "cuDNN SDPA, S_q != S_kv"; python3 scripts/check_cudnn_qkv.py 2>&1 | tail -8; }
+
+# Issue 4: isolated ops at per-rank shapes, seed method beside, CUDA graphs on/off; plain torch timing beside.
+ops() {
+  log "pytest -m gpu tests/test_ops.py"; python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/test_ops.py 2>&1 | tail -8
+  python3 scripts/plain_sdpa_timing.py --seq-len 4608 2>&1 | tail -4
+  python3 scripts/plain_sdpa_timing.py --seq-len 100000 --reps 5 2>&1 | tail -4
+  OPS="python3 scripts/train_bench.py --ops-only --config $F --seq-lens 4608,100000 --seed-compat --graph --group gpu-ops"
+  log "ops none"; $OPS --cp none --output $R/ops-none 2>&1 | tail -40
+  log "ops torch W=1"; $OPS --devices 1 --cp torch --output $R/ops-torch-w1 2>&1 | tail -30
+  log "ops sim torch"; $OPS --cp torch --simulate-world 2,4,8 --output $R/ops-sim-torch 2>&1 | tail -60
+  log "ops sim allgather-kv"; $OPS --cp allgather-kv --sdpa-backend flash --simulate-world 2,4,8 --output $R/ops-sim-agkv 2>&1 | tail -40
+}
+
+# Issue 9: FSDP2 vs DDP weights at world size 1.
+fsdp() {
+  for w in ddp fsdp; do tb w1-none-$w --cp none --weights $w --steps 15 --warmup-steps 3 --wandb-mode disabled; done
+  tb w1-torch-fsdp --cp torch --weights fsdp --steps 15 --warmup-steps 3 --wandb-mode disabled
+}
+
+# Issue 6, second pass: allgather-kv (flash: see cudnn_qkv), CUDA graphs (reduce-overhead) against host-bound steps.
+simulate2() {
+  tb w1-none-flash --cp none --sdpa-backend flash --steps 15 --warmup-steps 3 --wandb-mode disabled
+  tb sim2-allgather-kv --simulate-world 2 --cp allgather-kv --steps 15 --warmup-steps 3 --wandb-mode disabled
+  tb sim2-allgather-kv-compiled --simulate-world 2 --cp allgather-kv --compile true --steps 15 --warmup-steps 3 --wandb-mode disabled
+  tb w1-none-ro --cp none --compile true --compile-mode reduce-overhead --steps 15 --warmup-steps 4 --wandb-mode disabled
+  for w in 2 8; do
+    tb sim$w-ulysses-ro --simulate-world $w --cp ulysses --compile true --compile-mode reduce-overhead \
+      --steps 15 --warmup-steps 4 --wandb-mode disabled
+  done
+  tb sim4-ulysses-compiled --simulate-world 4 --cp ulysses --compile true --steps 15 --warmup-steps 3 --wandb-mode disabled
+}
+
+sections=${*:-"device cudnn_qkv ops fsdp simulate2 gpu_tests"}
 for s in $sections; do
   { log "section $s"; $s; } 2>&1 | tee -a "$OUT/session.log"
   # after every section: a call cut short at its time limit still brings back what was measured

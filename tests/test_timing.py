@@ -111,7 +111,7 @@ def test_kernel_breakdown_of_a_cuda_trace():
     b = breakdown(ev)
     assert b["device"] == "cuda" and b["steps"] == 1
     assert b["breakdown_ms"] == pytest.approx(
-        {"attention": 0.3, "gemm": 0.4, "comm_attention": 0.0, "comm_grad": 0.2, "other": 0.1,
+        {"attention": 0.3, "gemm": 0.4, "comm_attention": 0.0, "comm_grad": 0.2, "optimizer": 0.0, "other": 0.1,
          "busy": 0.9, "idle": 0.1, "step": 1.0}
     )
     assert b["ops_call_ms"] == pytest.approx({"qkv_gemm_fwd": 0.4, "sdpa_fwd": 0.3})
