@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from flux_cp.profiling import breakdown
+from flux_cp.profiling import breakdown, load_trace
 from flux_cp.results import TRAIN_METRICS, validate
 
 from .conftest import TINY, bench
@@ -115,3 +115,19 @@ def test_kernel_breakdown_of_a_cuda_trace():
          "busy": 0.9, "idle": 0.1, "step": 1.0}
     )
     assert b["ops_call_ms"] == pytest.approx({"qkv_gemm_fwd": 0.4, "sdpa_fwd": 0.3})
+
+
+def test_kernel_breakdown_of_the_committed_h200_trace():
+    """The parser on a real trace (H200, Flux config, W=1, docs/results): the same figures as its summary."""
+    from pathlib import Path
+
+    d = Path(__file__).resolve().parents[1] / "docs" / "results" / "2026-12-02-h200-timing"
+    b = breakdown(load_trace(d / "w1-none-ab-profile.trace.json.gz"))
+    recorded = json.loads((d / "w1-none-ab-profile.json").read_text())["profile"]
+    assert b["device"] == "cuda" and b["steps"] == recorded["steps"] == 3
+    for k in ("attention", "gemm", "busy", "idle", "step"):
+        assert b["breakdown_ms"][k] == pytest.approx(recorded["breakdown_ms"][k])
+    assert b["breakdown_ms"]["optimizer"] > 1.0  # fused AdamW over ~1.2 B parameters
+    assert b["ops_call_ms"] == pytest.approx(recorded["ops_call_ms"])
+    assert sum(b["breakdown_ms"][k] for k in ("attention", "gemm", "optimizer", "other")) == pytest.approx(
+        b["breakdown_ms"]["busy"], rel=0.05)  # one stream at W=1: kernels barely overlap
