@@ -189,6 +189,10 @@ class TorchRing(CPStrategy):
         # Flux attention is non-causal: head-tail load balancing only helps causal masks.
         _cp_options.enable_load_balance = False
         set_rotate_method(rotate)
+        if self.mesh is None:  # used outside the (dp, cp) mesh (scripts, tests): the whole world is the CP group
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.mesh = init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("cp",))
         # context_parallel shards its buffers in place; ours are sharded already, and torch >= 2.10
         # raises IndexError on an empty buffer list, so it gets a throwaway one.
         self._dummy = torch.zeros(self.world, device=self.device)
