@@ -377,4 +377,5 @@ def run_name(cfg: BenchConfig, mode: str = "train") -> str:
     w = f"W{run.simulate_world}sim" if run.simulate_world > 1 else f"W{run.world_size}"
     dp = f"-dp{run.dp}" if run.dp > 1 else ""
     fsdp = "-fsdp" if run.weights == "fsdp" else ""
-    return f"{mode}-{w}{dp}-{run.cp}{fsdp}-s{cfg.data.seq_len}" + ("-compiled" if run.compile else "")
+    compiled = ("-compiled" + ("" if run.compile_mode == "default" else f"-{run.compile_mode}")) if run.compile else ""
+    return f"{mode}-{w}{dp}-{run.cp}{fsdp}-s{cfg.data.seq_len}{compiled}"

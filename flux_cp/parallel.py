@@ -134,10 +134,11 @@ class CPStrategy:
 
     def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, sdpa_backend="auto",
                  mesh=None):
-        # rank, world: within the CP group; mesh: the 1-D CP DeviceMesh (mesh["cp"]), None in one plain process
+        # rank, world: within the CP group; mesh: the 1-D CP DeviceMesh (mesh["cp"]); without one (op bench,
+        # scripts), the whole process group is the CP group
         self.rank, self.world, self.device, self.mesh = rank, world, device, mesh
         self.sdpa_backend = sdpa_backend
-        self.group = mesh.get_group() if world > 1 else None
+        self.group = None if world == 1 else (mesh.get_group() if mesh is not None else dist.group.WORLD)
 
     def attention(self, q, k, v):  # (B, H, S_l, D) each
         return F.scaled_dot_product_attention(q, k, v)
@@ -156,8 +157,8 @@ class AllGatherKV(CPStrategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.sdpa_backend == "auto" and self.device is not None and self.device.type == "cuda":
-            # torch 2.11's cuDNN SDPA faults (illegal memory access) when queries are shorter than keys
-            # (docs/results/2026-12-02-h200-session2.md): pin flash, which handles S_q != S_kv.
+            # On torch 2.11 the training step faulted (illegal memory access) with cuDNN SDPA and queries
+            # shorter than keys, though isolated calls pass (docs/results/2026-12-02-h200-timing.md): pin flash.
             self.sdpa_backend = "flash"
 
     def attention(self, q, k, v):
@@ -229,11 +230,16 @@ class SimulatedAllGatherKV(AllGatherKV):
         return F.scaled_dot_product_attention(q, k, v)
 
 
-class SimulatedUlysses(SimulatedAllGatherKV):
+class SimulatedUlysses(CPStrategy):
     """One rank of a `sim`-way Ulysses split without the all-to-alls: SDPA over H/W heads and the full
-    W * S_l tokens (the rank's own tokens stand in for the others'), then back to (B, H, S_l, D)."""
+    W * S_l tokens (the rank's own tokens stand in for the others'), then back to (B, H, S_l, D).
+    S_q = S_kv here, so the SDPA backend is left as chosen (cuDNN by default on H100/H200)."""
 
     name = "ulysses"
+
+    def __init__(self, *args, sim: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sim = sim
 
     def attention(self, q, k, v):
         w = self.sim

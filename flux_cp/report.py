@@ -140,6 +140,7 @@ def config_key(d: dict) -> dict:
         "compile": (comp.get("mode") or "default") if comp.get("enabled") else "off",
         "sdpa_backend": d.get("sdpa_backend") or run.get("sdpa_backend", "auto"),
         "timing": run.get("timing", True),
+        "weights": d.get("weights") or run.get("weights", "ddp"),  # FSDP adds all-gathers / reduce-scatters
     }
 
 
@@ -175,6 +176,7 @@ class Config:
         k = self.key
         return (f"{self.strategy}: S={k['seq_len']}, batch {k['batch']}, {k['heads']}x{k['head_dim']} heads, "
                 f"blocks {k['blocks']}, {k['precision']}, compile {k['compile']}, SDPA {k['sdpa_backend']}, "
+                f"weights {k.get('weights', 'ddp')}, "
                 f"{k['device']}")
 
 

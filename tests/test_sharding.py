@@ -43,3 +43,12 @@ def test_simulated_strategies_do_the_ranks_work():
     out = uly.attention(q, k, v)  # the rank's 2 heads over 2 x 6 tokens, laid back out as (B, H, S_l, D)
     assert out.shape == q.shape
     torch.testing.assert_close(out, ref[:, :2].repeat(1, 2, 1, 1))
+
+
+def test_sdpa_backend_pins():
+    """Only strategies with S_q != S_kv (allgather-kv, real or simulated) or torch's ring pin flash on CUDA."""
+    cuda = torch.device("cuda")  # a device object only: nothing runs
+    assert make_strategy("allgather-kv", 0, 1, cuda, simulate_world=2).sdpa_backend == "flash"
+    assert make_strategy("ulysses", 0, 1, cuda, simulate_world=2).sdpa_backend == "auto"
+    assert make_strategy("allgather-kv", 0, 1, cuda, sdpa_backend="cudnn").sdpa_backend == "cudnn"
+    assert make_strategy("allgather-kv", 0, 1, torch.device("cpu")).sdpa_backend == "auto"

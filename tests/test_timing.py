@@ -122,8 +122,8 @@ def test_kernel_breakdown_of_the_committed_h200_trace():
     from pathlib import Path
 
     d = Path(__file__).resolve().parents[1] / "docs" / "results" / "2026-12-02-h200-timing"
-    b = breakdown(load_trace(d / "w1-none-ab-profile.trace.json.gz"))
-    recorded = json.loads((d / "w1-none-ab-profile.json").read_text())["profile"]
+    b = breakdown(load_trace(d / "runs" / "w1-none-ab-profile" / "trace_rank0.json.gz"))
+    recorded = json.loads((d / "runs" / "w1-none-ab-profile" / "summary.json").read_text())["profile"]
     assert b["device"] == "cuda" and b["steps"] == recorded["steps"] == 3
     for k in ("attention", "gemm", "busy", "idle", "step"):
         assert b["breakdown_ms"][k] == pytest.approx(recorded["breakdown_ms"][k])
