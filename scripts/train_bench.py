@@ -163,7 +163,12 @@ def print_summary(d: dict, path: Path) -> None:
     table = Table(title=f"{d['run_name']}  ({d['env']['device']}, {d['metrics'].get('step_ms', {}).get('n', 0)} steps)")
     for col in ("metric", "median", "min", "max", "rank max (median)"):
         table.add_column(col, justify="right" if col != "metric" else "left")
-    for name, m in d["metrics"].items():
+    first = ["step_ms", "host_ms", "device_busy_ms", "step_untimed_ms"]  # the step, then its parts
+
+    def order(name: str):
+        return (0, first.index(name)) if name in first else (1, name)
+
+    for name, m in sorted(d["metrics"].items(), key=lambda kv: order(kv[0])):
         if name.endswith("_call_ms"):
             continue
         spread = f"{m['rank_max_median']:.3f}" if "rank_max_median" in m else "-"
