@@ -7,7 +7,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu || $(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q --retries 1 --timeout 10 "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu || $(BIN)/pip install -q "torch==2.13.0"
 	$(BIN)/pip install -q -e ".[dev]"
 
 setup: $(BIN)/python
