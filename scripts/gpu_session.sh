@@ -72,7 +72,7 @@ simulate2() {
   tb sim4-ulysses-compiled --simulate-world 4 --cp ulysses --compile true --steps 15 --warmup-steps 3 --wandb-mode disabled
 }
 
-sections=${*:-"device cudnn_qkv ops fsdp simulate2 gpu_tests"}
+sections=${*:-"device timing compile_cp cudnn_qkv ops fsdp simulate simulate2 gpu_tests"}  # all: ~25 min; pick sections per call
 for s in $sections; do
   { log "section $s"; $s; } 2>&1 | tee -a "$OUT/session.log"
   # after every section: a call cut short at its time limit still brings back what was measured
