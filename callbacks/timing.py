@@ -45,6 +45,7 @@ class OpTimingCallback(Callback):
         self.flush_every = flush_every
         self.last: dict[str, float] = {}  # this rank's figures of the last step (the profiler reads them)
         self._host_ms = 0.0  # last step's issue time: how far ahead a probe must hold the stream
+        self._kind = "timed"  # this step's kind, set at its start
         self._t0 = 0.0
 
     def step_kind(self, batch_idx: int, cuda: bool, timing: bool) -> str:
@@ -63,13 +64,12 @@ class OpTimingCallback(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         timer = pl_module.timer
-        kind = self.step_kind(batch_idx, timer.clock.cuda, timer.enabled)
+        kind = self._kind = self.step_kind(batch_idx, timer.clock.cuda, timer.enabled)
         probe_ms = 1.5 * self._host_ms + 2.0 if kind == "probe" else 0.0  # longer than the host needs to issue
         timer.start_step(regions=kind == "timed", probe_ms=probe_ms)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        timer = pl_module.timer
-        kind = self.step_kind(batch_idx, timer.clock.cuda, timer.enabled)
+        timer, kind = pl_module.timer, self._kind
         timer.end_step()
         local = timer.read()  # the step's only synchronize
         self._host_ms = local["host_ms"]

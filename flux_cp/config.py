@@ -277,12 +277,17 @@ def resolve(
                 f"{name} = {n} is not divisible by the CP degree {w} (image and text tokens are sharded "
                 f"separately: pick sizes divisible by {w}, or another --devices / --cp-degree)"
             )
-    if run.cp in HEAD_SHARDING and model.num_heads % w:
-        raise ConfigError(
-            f"--model.num_heads {model.num_heads} is not divisible by the CP degree {w}, which --cp {run.cp} "
-            f"needs (it shards heads: use a --cp-degree dividing {model.num_heads}, or --cp allgather-kv)"
-        )
+    _check_heads(model, run.cp, w, f"the CP degree {w}", "use a --cp-degree")
     return cfg
+
+
+def _check_heads(model: ModelConfig, cp: str, w: int, what: str, fix: str) -> None:
+    """Head-sharding strategies need heads divisible by the split."""
+    if cp in HEAD_SHARDING and model.num_heads % w:
+        raise ConfigError(
+            f"--model.num_heads {model.num_heads} is not divisible by {what}, which --cp {cp} needs "
+            f"(it shards heads: {fix} dividing {model.num_heads}, or --cp allgather-kv)"
+        )
 
 
 def check_nodes(run: RunConfig, env) -> None:
@@ -361,11 +366,7 @@ def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
                     f"--seq-lens {s}: {image} image + {text} text tokens (data.text_tokens) do not both divide by "
                     f"W = {w} (they are sharded separately: pick a length whose image part divides by {w})"
                 )
-        if run.cp in HEAD_SHARDING and model.num_heads % w:
-            raise ConfigError(
-                f"--model.num_heads {model.num_heads} is not divisible by W = {w}, which --cp {run.cp} needs "
-                f"(it shards heads: pick W dividing {model.num_heads}, or --cp allgather-kv)"
-            )
+        _check_heads(model, run.cp, w, f"W = {w}", "pick W")
     return cfg
 
 

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from flux_cp.config import BenchConfig, run_name
 from flux_cp.parallel import CPStrategy, make_strategy
 from flux_cp.results import env_info, stats, write_json_atomic
+from flux_cp.timing import hold_stream
 
 DTYPES = {"bf16-true": torch.bfloat16, "32-true": torch.float32, "64-true": torch.float64}
 OPS = ("sdpa_fwd", "sdpa_bwd", "qkv_gemm_fwd", "qkv_gemm_bwd")
@@ -199,13 +200,6 @@ class Timer:
         self.reduce_max = reduce_max  # ranks agree on the number of calls (each batch starts with a barrier)
         if cuda:
             self.events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * BATCH)]
-            a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(1_000_000)  # load the kernel before calibrating it
-            a.record()
-            torch.cuda._sleep(10_000_000)
-            z.record()
-            torch.cuda.synchronize()
-            self.cycles_per_ms = 10_000_000 / a.elapsed_time(z)
 
     def sync(self):
         if self.cuda:
@@ -227,7 +221,7 @@ class Timer:
             n = min(BATCH, reps - start)
             self.barrier()  # ranks start a batch together: their collectives meet
             if self.cuda:  # keep the device busy while the host queues the batch
-                torch.cuda._sleep(int(self.cycles_per_ms * min(500.0, 1.5 * n * host_est + 0.2)))
+                hold_stream(min(500.0, 1.5 * n * host_est + 0.2))
             for j in range(n):
                 f = calls[(start + j) % len(calls)]
                 if self.cuda:

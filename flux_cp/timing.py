@@ -23,12 +23,30 @@ i.e. how host bound the step is. (If the step issues more launches than the driv
 host still stalls and busy is over-estimated: the profiler's figure, `--profile`, checks it.)
 """
 
+import functools
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
 from torch.autograd.profiler import record_function
+
+
+@functools.cache
+def spin_cycles_per_ms() -> float:
+    """Cycles of torch.cuda._sleep per millisecond on this process's GPU, measured once with events."""
+    a, b, n = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), 20_000_000
+    torch.cuda._sleep(n)  # first call loads the kernel
+    a.record()
+    torch.cuda._sleep(n)
+    b.record()
+    b.synchronize()
+    return n / a.elapsed_time(b)
+
+
+def hold_stream(ms: float) -> None:
+    """Queue a spin kernel of about `ms` on the current stream: the host runs ahead of the device meanwhile."""
+    torch.cuda._sleep(int(ms * spin_cycles_per_ms()))
 
 
 class _Clock:
@@ -134,7 +152,6 @@ class StepTimer:
         self._regions_on = False  # this step's regions
         self._calls: list[_Call] = []
         self._step: dict = {}
-        self._cycles_per_ms: float | None = None
 
     def open(self, name: str):
         if not self._regions_on:
@@ -151,20 +168,8 @@ class StepTimer:
         self._regions_on = self.enabled and regions
         host0 = time.perf_counter()
         if probe_ms > 0 and self.clock.cuda:
-            torch.cuda._sleep(int(probe_ms * self.cycles_per_ms()))
+            hold_stream(probe_ms)
         self._step = {"host0": host0, "dev0": self.clock.stamp()}
-
-    def cycles_per_ms(self) -> float:
-        """Spin-kernel cycles per millisecond on this GPU, measured once with events."""
-        if self._cycles_per_ms is None:
-            a, b, n = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), 20_000_000
-            torch.cuda._sleep(n)  # first call loads the kernel
-            a.record()
-            torch.cuda._sleep(n)
-            b.record()
-            b.synchronize()
-            self._cycles_per_ms = n / a.elapsed_time(b)
-        return self._cycles_per_ms
 
     def end_step(self):
         self._step["dev1"] = self.clock.stamp()

@@ -45,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(cfg) -> int:
-
     import lightning as L
     from lightning.pytorch.callbacks import RichProgressBar
 
