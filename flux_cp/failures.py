@@ -17,6 +17,7 @@ EXIT_INTERRUPTED = 130  # SIGINT / SIGTERM: the shell's 128 + SIGINT
 EXIT_CODES = {"failed": EXIT_FAILED, "oom": EXIT_OOM, "timeout": EXIT_TIMEOUT, "interrupted": EXIT_INTERRUPTED}
 KIND_OF_EXIT = {v: k for k, v in EXIT_CODES.items()}
 
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread (callbacks/guard.py) to take Lightning's Ctrl-C shutdown path."""
 
@@ -47,38 +48,18 @@ def error_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------- processes
 
 
-def children(pid: int) -> list[int]:
-    """Direct children of pid, from /proc (Linux)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:  # exited meanwhile
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the name in () may hold spaces
-        if ppid == pid:
-            out.append(int(entry))
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
-        found += kids
-        todo += kids
-    return found
-
-
 def kill_tree(pid: int, sig: int = signal.SIGKILL, include_self: bool = False) -> None:
-    """Signal every descendant of pid (children first found, all signalled), and pid itself if asked."""
-    for p in descendants(pid) + ([pid] if include_self else []):
+    """Signal every descendant of pid (the other ranks, in the launcher), and pid itself if asked."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for p in procs + ([psutil.Process(pid)] if include_self else []):
         try:
-            os.kill(p, sig)
-        except ProcessLookupError:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:  # exited meanwhile
             pass
 
 

@@ -33,11 +33,13 @@ def run_bench():
 
 def leftover_processes(marker: str) -> list[int]:
     """Pids of live processes whose environment holds `marker` (a run's ranks inherit the launcher's)."""
+    import psutil
+
     found = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
+    for p in psutil.process_iter():
         try:
-            if marker.encode() in env.read_bytes():
-                found.append(int(env.parent.name))
-        except OSError:  # exited meanwhile, or not ours
+            if marker in {f"{k}={v}" for k, v in p.environ().items()}:
+                found.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):  # exited meanwhile, or not ours
             pass
     return found
