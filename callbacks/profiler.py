@@ -1,8 +1,8 @@
 """KernelProfileCallback: torch.profiler over the first measured steps, a Chrome trace per rank,
 and the kernel breakdown (flux_cp.profiling) in summary.json next to the callback's own figures.
 
-It runs after OpTimingCallback in the callback list: by a step's end that callback has
-synchronised and read the step's events, so both describe the same steps.
+It runs after OpTimingCallback in the callback list: that callback reads profiled steps at their
+end (not one step late, as measured steps), so both describe the same steps.
 """
 
 import statistics

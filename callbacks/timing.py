@@ -1,8 +1,11 @@
 """OpTimingCallback: step and op timings of every training step, to summary.json and the logger.
 
 Per step it opens the module's StepTimer before the step and closes it after (optimizer
-included), reads the events once (one synchronize), then gathers every rank's figures and loss
-in one small all-gather. Rank 0 logs them (Lightning logger API) and keeps the summary.
+included). A measured step is read one step late, while the next step runs: the host waits for
+that step's last event only, so the device's queue never drains for the timer's sake and the
+step time is the steady-state one of a training loop that does not synchronise. Every rank's
+figures and loss are then gathered on the CPU (gloo: a device all-gather would queue behind the
+running step). Rank 0 logs them (Lightning logger API) and keeps the summary.
 Warm-up steps are run and their loss kept, but their timings stay out of the statistics; so do
 profiled steps (--profile: extra steps right after warm-up, slowed by the profiler itself).
 
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from flux_cp.failures import error_kind, error_line
@@ -46,6 +50,8 @@ class OpTimingCallback(Callback):
         self.last: dict[str, float] = {}  # this rank's figures of the last step (the profiler reads them)
         self._host_ms = 0.0  # last step's issue time: how far ahead a probe must hold the stream
         self._kind = "timed"  # this step's kind, set at its start
+        self._pending: list[tuple] = []  # finished steps not read yet: (batch_idx, kind, step, loss)
+        self._group = None  # gloo group for the per-step gather (None: one rank)
         self._t0 = 0.0
 
     def step_kind(self, batch_idx: int, cuda: bool, timing: bool) -> str:
@@ -60,28 +66,31 @@ class OpTimingCallback(Callback):
     def on_train_start(self, trainer, pl_module):  # after the module's on_fit_start built the strategy
         # the backend the strategy actually uses (`auto` can be pinned, e.g. flash under torch CP)
         self.summary.header["sdpa_backend"] = pl_module.strategy.sdpa_backend
+        self.summary.header["optimizer_params"] = pl_module.optimizer_params  # this rank's share under ZeRO
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         self._t0 = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         timer = pl_module.timer
-        kind = self._kind = self.step_kind(batch_idx, timer.clock.cuda, timer.enabled)
+        kind = self._kind = self.step_kind(batch_idx, timer.cuda, timer.enabled)
         probe_ms = 1.5 * self._host_ms + 2.0 if kind == "probe" else 0.0  # longer than the host needs to issue
         timer.start_step(regions=kind == "timed", probe_ms=probe_ms)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        timer, kind = pl_module.timer, self._kind
-        timer.end_step()
-        local = timer.read()  # the step's only synchronize
+        self._pending.append((batch_idx, self._kind, pl_module.timer.end_step(), outputs["loss"].detach()))
+        # measured steps one step late; warm-up and profiled steps at once (the profiler reads `last` for the
+        # step it traced, and those steps are out of the statistics anyway)
+        lag = 1 if batch_idx >= self.skip else 0
+        while self._pending and self._pending[0][0] <= batch_idx - lag:
+            self._read_step(trainer, pl_module, *self._pending.pop(0))
+
+    def _read_step(self, trainer, pl_module, batch_idx, kind, step, loss):
+        local = pl_module.timer.read(step)
         self._host_ms = local["host_ms"]
-        if kind == "probe":
-            local = {"device_busy_ms": local["step_ms"]}
-        elif kind == "plain" and self.timing_ab and timer.enabled:
-            local = {"step_untimed_ms": local["step_ms"], "host_untimed_ms": local["host_ms"]}
-        self.last = local
+        local = self.last = self._figures(kind, local, pl_module.timer.enabled)
         keys = sorted(local)  # same on every rank: the kind is
-        row = [local[k] for k in keys] + [outputs["loss"].item()]
-        vec = torch.tensor(row, device=pl_module.device, dtype=torch.float64)
-        every = trainer.strategy.all_gather(vec).reshape(-1, len(keys) + 1).cpu()  # (W, M + 1)
+        every = self._gather([local[k] for k in keys] + [loss.item()])  # (W, M + 1)
         loss = every[:, -1].mean().item()  # equal shards of equally many samples: global loss = mean over dp x cp ranks
         vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()
         rank0 = dict(zip(keys, every[0, :-1].tolist()))  # the summary's per-step figures are rank 0's
@@ -100,7 +109,25 @@ class OpTimingCallback(Callback):
         if (batch_idx + 1) % self.flush_every == 0:
             self.summary.write(complete=False)
 
+    def _figures(self, kind: str, local: dict, regions: bool) -> dict:
+        """A step's figures under the names its kind gives them."""
+        if kind == "probe":
+            return {"device_busy_ms": local["step_ms"]}
+        if kind == "plain" and self.timing_ab and regions:
+            return {"step_untimed_ms": local["step_ms"], "host_untimed_ms": local["host_ms"]}
+        return local
+
+    def _gather(self, row: list[float]) -> torch.Tensor:
+        vec = torch.tensor(row, dtype=torch.float64)
+        if self._group is None:
+            return vec[None]
+        out = [torch.empty_like(vec) for _ in range(dist.get_world_size(self._group))]
+        dist.all_gather(out, vec, group=self._group)
+        return torch.stack(out)
+
     def on_train_end(self, trainer, pl_module):
+        while self._pending:  # the last step, read late (every rank: the gather is collective)
+            self._read_step(trainer, pl_module, *self._pending.pop(0))
         if trainer.global_rank != 0:
             return
         self.summary.write(complete=True)  # before the logger is finalised: a wandb failure loses nothing
@@ -109,7 +136,19 @@ class OpTimingCallback(Callback):
             trainer.logger.log_summary(medians | self.summary.derived())
 
     def on_exception(self, trainer, pl_module, exception):
+        self._read_pending_locally(pl_module)
         self.record_failure(trainer.global_rank, exception)
+
+    def _read_pending_locally(self, pl_module):
+        """Steps finished but not read when this rank failed: kept with this rank's own figures (the other
+        ranks may be gone, so no gather); skipped if the device itself failed."""
+        for batch_idx, kind, step, loss in self._pending:
+            try:
+                local = self._figures(kind, pl_module.timer.read(step), pl_module.timer.enabled)
+                self.summary.add_step(batch_idx, loss.item(), local, local, local)
+            except Exception:  # e.g. a CUDA error: its events can no longer be read
+                break
+        self._pending.clear()
 
     def record_failure(self, rank: int, exception: BaseException):
         """Any rank: its error (kind, failing shape) next to the steps measured so far, `complete: false`."""

@@ -68,7 +68,8 @@ class RunConfig:
     devices: int = 1  # per node
     num_nodes: int = 1  # Lightning's cluster environments (torchrun, SLURM, NODE_RANK + MASTER_ADDR) join them
     cp_degree: int | None = None  # ranks per CP group; default: all of them (pure CP). dp = ranks / cp_degree
-    weights: Literal["ddp", "fsdp"] = "ddp"  # replicated + all-reduce, or FSDP2 sharded over all dp x cp ranks
+    # replicated + all-reduce; the same with AdamW state sharded (ZeRO-1); or FSDP2 sharded, over all dp x cp ranks
+    weights: Literal["ddp", "zero", "fsdp"] = "ddp"
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     cp: CP = "auto"
     rotate: Literal["allgather", "alltoall"] = "allgather"  # torch ring: how K/V shards move
@@ -234,6 +235,11 @@ def resolve(
         raise ConfigError(f"--simulate-world {sim}: must be >= 1 (1: no simulation)")
     if sim > 1 and ranks != 1:
         raise ConfigError(f"--simulate-world {sim}: simulates W ranks in one process (use --devices 1)")
+    if sim > 1 and run.weights == "fsdp":
+        raise ConfigError(
+            f"--simulate-world {sim} --weights fsdp: FSDP's per-rank step is not simulated (use --weights zero: "
+            "sharded optimizer state, the part of FSDP's saving that is compute)"
+        )
     if run.cp == "auto":
         if sim > 1:
             run.cp = "allgather-kv"
@@ -377,6 +383,6 @@ def run_name(cfg: BenchConfig, mode: str = "train") -> str:
         return f"ops-{w}-{run.cp}-s{run.seq_lens[0]}"
     w = f"W{run.simulate_world}sim" if run.simulate_world > 1 else f"W{run.world_size}"
     dp = f"-dp{run.dp}" if run.dp > 1 else ""
-    fsdp = "-fsdp" if run.weights == "fsdp" else ""
+    fsdp = "" if run.weights == "ddp" else f"-{run.weights}"
     compiled = ("-compiled" + ("" if run.compile_mode == "default" else f"-{run.compile_mode}")) if run.compile else ""
     return f"{mode}-{w}{dp}-{run.cp}{fsdp}-s{cfg.data.seq_len}{compiled}"

@@ -11,6 +11,8 @@ the once-per-step gradient sync crosses nodes. Ranks of a CP group share a sampl
 Weights, `--weights`:
 - ddp:  replicated on every rank; Lightning's DDPStrategy all-reduces (averages) gradients over all
         dp x cp ranks.
+- zero: replicated like ddp, but the AdamW state is sharded over all dp x cp ranks (ZeRO-1, torch's
+        ZeroRedundancyOptimizer): each rank steps its share of the parameters and broadcasts them.
 - fsdp: FSDP2 `fully_shard` over all dp x cp ranks (torchtitan's flattened dp_shard x cp mesh), each
         block a unit, then the root: per block, parameters are all-gathered before its forward and
         backward, and gradients reduce-scattered (averaged) after its backward.
@@ -42,6 +44,37 @@ def shard_weights(model: nn.Module, mesh) -> None:
     for blk in (*model.double_blocks, *model.single_blocks):
         fully_shard(blk, mesh=mesh)
     fully_shard(model, mesh=mesh)
+
+
+def optimizer_shares(params: list[nn.Parameter], world: int) -> list[list[nn.Parameter]]:
+    """ZeroRedundancyOptimizer's partition of `params` over `world` ranks (its _partition_parameters):
+    largest first, each to the least-loaded rank. A simulated W-way run steps one of these shares."""
+    shares: list[list[nn.Parameter]] = [[] for _ in range(world)]
+    sizes = [0] * world
+    for p in sorted(params, key=lambda t: t.numel(), reverse=True):
+        r = sizes.index(min(sizes))
+        shares[r].append(p)
+        sizes[r] += p.numel()
+    return shares
+
+
+def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over what this rank updates: every parameter (ddp, fsdp: its shards), or its ZeRO share (zero)."""
+    fused = device.type == "cuda"  # one kernel per parameter group on CUDA, so the step is not host bound
+    params = list(model.parameters())
+    if run.weights == "zero" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=run.lr, fused=fused)
+    if run.weights == "zero" and run.simulate_world > 1:  # the largest share: the slowest rank sets the step
+        params = max(optimizer_shares(params, run.simulate_world), key=lambda s: sum(p.numel() for p in s))
+    return torch.optim.AdamW(params, lr=run.lr, fused=fused)
+
+
+def optimizer_numel(opt: torch.optim.Optimizer) -> int:
+    """Parameters this rank's optimizer steps (under ZeRO: its local share)."""
+    local = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps the rank's own optimizer in .optim
+    return sum(p.numel() for g in local.param_groups for p in g["params"])
 
 
 def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:

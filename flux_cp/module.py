@@ -1,8 +1,8 @@
 """The LightningModule: one Flux training step under a CP strategy.
 
 Manual optimization, so that the strategy's context (torch's context_parallel patches SDPA for
-forward AND backward) wraps both passes of the step. Weights are replicated (DDP) or sharded (FSDP2)
-over all dp x cp ranks of the (dp, cp) mesh: see flux_cp.mesh.
+forward AND backward) wraps both passes of the step. Weights are replicated (DDP, optionally with
+ZeRO-sharded optimizer state) or sharded (FSDP2) over all dp x cp ranks of the (dp, cp) mesh: see flux_cp.mesh.
 """
 
 from pathlib import Path
@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from flux_cp.config import BenchConfig
 from flux_cp.data import SyntheticFlow
-from flux_cp.mesh import build_mesh, full_grads, shard_weights
+from flux_cp.mesh import build_mesh, build_optimizer, full_grads, optimizer_numel, shard_weights
 from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.parallel import apply_cp, make_strategy, shard
 from flux_cp.timing import StepTimer
@@ -47,8 +47,9 @@ class FluxCPModule(L.LightningModule):
             shard_weights(self.model, self.device_mesh["data_parallel"])
 
     def configure_optimizers(self):
-        # fused: one kernel per parameter group on CUDA, so the optimizer step is not host bound
-        return torch.optim.AdamW(self.model.parameters(), lr=self.cfg.run.lr, fused=self.device.type == "cuda")
+        opt = build_optimizer(self.model, self.cfg.run, self.device)
+        self.optimizer_params = optimizer_numel(opt)  # < all params under --weights zero (ZeRO-1)
+        return opt
 
     def on_fit_start(self):
         run, data = self.cfg.run, self.cfg.data
@@ -82,7 +83,8 @@ class FluxCPModule(L.LightningModule):
             # global mean, and averaging gradients over all dp x cp ranks (DDP all-reduce, FSDP reduce-scatter)
             # gives the gradient of the global loss.
             loss = F.mse_loss(pred.float(), target.float())
-            opt.zero_grad(set_to_none=True)
+            # every gradient, not only the optimizer's: a ZeRO share (real or simulated) steps a part of them
+            self.model.zero_grad(set_to_none=True)
             self.manual_backward(loss)
         opt.step()
         if self.cfg.run.dump_grads and batch_idx == 0:

@@ -140,7 +140,9 @@ def config_key(d: dict) -> dict:
         "compile": (comp.get("mode") or "default") if comp.get("enabled") else "off",
         "sdpa_backend": d.get("sdpa_backend") or run.get("sdpa_backend", "auto"),
         "timing": run.get("timing", True),
-        "weights": d.get("weights") or run.get("weights", "ddp"),  # FSDP adds all-gathers / reduce-scatters
+        # FSDP adds all-gathers / reduce-scatters; ZeRO-1 is DDP with a sharded optimizer (the strategy label
+        # says so), identical at W=1, so its runs share DDP's baseline
+        "weights": {"zero": "ddp"}.get(w := d.get("weights") or run.get("weights", "ddp"), w),
     }
 
 
@@ -148,7 +150,8 @@ def strategy_label(d: dict) -> str:
     cp = d["cp"]
     if cp == "torch":
         cp += f"({d['config']['run'].get('rotate', 'allgather')})"
-    return cp + (" simulated" if d.get("simulate_world") else "")
+    zero = " zero" if d.get("weights") == "zero" else ""  # AdamW state sharded over the W ranks
+    return cp + zero + (" simulated" if d.get("simulate_world") else "")
 
 
 @dataclass

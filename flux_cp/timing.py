@@ -9,7 +9,9 @@ autograd markers that record an event when the gradient crosses the region's bou
 On CUDA every boundary is a CUDA event recorded on the current stream (the autograd engine
 runs backward on the forward stream), so a region's figure is the device time between its
 boundaries, idle gaps included: under a host-bound step a region stretches to the host's pace.
-Nothing synchronises inside the step; `StepTimer.read()` is called once after it. On CPU the
+Nothing synchronises inside the step, nor between steps: `StepTimer.read(step)` waits for a step's
+last event while the next step is already issued, so the device never drains for the timer's sake
+(a per-step synchronize would add the host's step prologue to every step as idle time). On CPU the
 same boundaries are perf_counter readings (ops run synchronously there).
 
 Under `torch` CP the SDPA region is the whole ring: every chunk's kernel, the LSE merges and the
@@ -143,10 +145,17 @@ class _NoCall:
 
 
 class StepTimer:
-    """Collects the regions of one step, plus the step's own start/end boundaries."""
+    """Collects the regions of one step, plus the step's own start/end boundaries.
+
+    Two steps can be in flight: the one running and the one finished but not read yet (the callback
+    reads a step while the next one runs, so reading never drains the device's queue).
+    """
 
     def __init__(self, cuda: bool, enabled: bool = True):
-        self.clock = _Clock(cuda)
+        self.cuda = cuda
+        self._clocks = (_Clock(cuda), _Clock(cuda))  # alternate: a finished step's events stay valid until read
+        self._n = 0
+        self.clock = self._clocks[0]
         self.enabled = enabled  # op regions; the step boundaries are always recorded
         self.annotate = False  # profiler ranges around the regions (set while profiling)
         self._regions_on = False  # this step's regions
@@ -163,38 +172,41 @@ class StepTimer:
     def start_step(self, regions: bool = True, probe_ms: float = 0.0):
         """Open a step. regions: time the op regions in it. probe_ms > 0 (CUDA): hold the stream that
         long before the step's first boundary, so the host runs ahead and the step shows busy time."""
+        self.clock = self._clocks[self._n % 2]
+        self._n += 1
         self.clock.reset()
-        self._calls.clear()
+        self._calls = []
         self._regions_on = self.enabled and regions
         host0 = time.perf_counter()
-        if probe_ms > 0 and self.clock.cuda:
+        if probe_ms > 0 and self.cuda:
             hold_stream(probe_ms)
         self._step = {"host0": host0, "dev0": self.clock.stamp()}
 
-    def end_step(self):
-        self._step["dev1"] = self.clock.stamp()
-        self._step["host1"] = time.perf_counter()
+    def end_step(self) -> dict:
+        """Close the step; its figures come from read(step), which may wait until a later step is issued."""
+        step = self._step | {"dev1": self.clock.stamp(), "host1": time.perf_counter(), "calls": self._calls}
+        self._step, self._calls, self._regions_on = {}, [], False
+        return step
 
-    def read(self) -> dict[str, float]:
-        """Synchronise once and turn this step's boundaries into milliseconds.
+    def read(self, step: dict) -> dict[str, float]:
+        """Wait for the step's last boundary (not for the stream: a later step may be running) and turn its
+        boundaries into milliseconds.
 
         Returns `step_ms`, `host_ms`, and per region `<name>_fwd_ms` / `<name>_bwd_ms` (summed over
         calls) with `<name>_fwd_call_ms` / `<name>_bwd_call_ms` (mean per call).
         """
-        if self.clock.cuda:
-            torch.cuda.current_stream().synchronize()
-        s = self._step
-        out = {"step_ms": self.clock.ms(s["dev0"], s["dev1"]), "host_ms": (s["host1"] - s["host0"]) * 1e3}
+        if self.cuda:
+            step["dev1"].synchronize()
+        ms = self._clocks[0].ms
+        out = {"step_ms": ms(step["dev0"], step["dev1"]), "host_ms": (step["host1"] - step["host0"]) * 1e3}
         per: dict[str, list[float]] = defaultdict(list)
-        for c in self._calls:
+        for c in step["calls"]:
             st = c.stamps
             if "fwd1" in st:
-                per[f"{c.name}_fwd"].append(self.clock.ms(st["fwd0"], st["fwd1"]))
+                per[f"{c.name}_fwd"].append(ms(st["fwd0"], st["fwd1"]))
             if "bwd0" in st and "bwd1" in st:
-                per[f"{c.name}_bwd"].append(self.clock.ms(st["bwd0"], st["bwd1"]))
+                per[f"{c.name}_bwd"].append(ms(st["bwd0"], st["bwd1"]))
         for key, vals in per.items():
             out[f"{key}_ms"] = sum(vals)
             out[f"{key}_call_ms"] = sum(vals) / len(vals)
-        self._step = {}
-        self._regions_on = False
         return out

@@ -72,6 +72,45 @@ simulate2() {
   tb sim4-ulysses-compiled --simulate-world 4 --cp ulysses --compile true --steps 15 --warmup-steps 3 --wandb-mode disabled
 }
 
+# Issue 4 gap: the seed method under real torch CP at W=1 (host-bound hypothesis).
+ops_torch_w1() {
+  python3 scripts/train_bench.py --ops-only --config $F --seq-lens 4608 --seed-compat --graph --group gpu-ops \
+    --devices 1 --cp torch --output $R/ops-torch-w1 2>&1 | tail -30
+}
+
+# Issue 6, third pass: where the per-rank step goes at W = 1, 2, 8 (kernel breakdown of compiled steps),
+# and the CUDA-graph runs of Ulysses again with cuDNN (call 2's pinned flash by mistake).
+profile_sims() {
+  tb w1-none-compiled-profile --cp none --compile true --steps 12 --warmup-steps 3 --profile true --wandb-mode disabled
+  for w in 2 8; do
+    tb sim$w-ulysses-compiled-profile --simulate-world $w --cp ulysses --compile true --steps 12 --warmup-steps 3 \
+      --profile true --wandb-mode disabled
+    tb sim$w-ulysses-ro --simulate-world $w --cp ulysses --compile true --compile-mode reduce-overhead \
+      --steps 15 --warmup-steps 4 --wandb-mode disabled
+  done
+}
+
+# Issue 6, fourth pass: steady-state (pipelined) step timing, AdamW state sharded like ZeRO-1 (--weights zero).
+Z="--steps 20 --wandb-mode disabled"
+RO="--compile true --compile-mode reduce-overhead --warmup-steps 4"
+zero_w1() {
+  tb w1-none-ro --cp none $RO $Z
+  tb w1-none-compiled --cp none --compile true --warmup-steps 3 $Z
+}
+zero_w2() {
+  tb sim2-ulysses-zero-ro --simulate-world 2 --cp ulysses --weights zero $RO $Z
+  tb sim2-ulysses-zero-compiled --simulate-world 2 --cp ulysses --weights zero --compile true --warmup-steps 3 $Z
+  tb sim2-ulysses-zero --simulate-world 2 --cp ulysses --weights zero --warmup-steps 3 $Z
+}
+zero_w8() {
+  tb sim8-ulysses-zero-ro --simulate-world 8 --cp ulysses --weights zero $RO $Z
+  tb sim8-ulysses-zero-compiled --simulate-world 8 --cp ulysses --weights zero --compile true --warmup-steps 3 $Z
+}
+zero_w4() { tb sim4-ulysses-zero-ro --simulate-world 4 --cp ulysses --weights zero $RO $Z; }
+timing_ab() {
+  tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
+}
+
 sections=${*:-"device timing compile_cp cudnn_qkv ops fsdp simulate simulate2 gpu_tests"}  # all: ~25 min; pick sections per call
 for s in $sections; do
   { log "section $s"; $s; } 2>&1 | tee -a "$OUT/session.log"

@@ -86,7 +86,8 @@ def train(cfg) -> int:
         "dp": run.dp,
         "cp_degree": run.cp_degree,
         "num_nodes": run.num_nodes,
-        "weights": run.weights,  # fsdp: the step also holds per-block param all-gathers and grad reduce-scatters
+        # fsdp: the step also holds per-block param all-gathers and grad reduce-scatters; zero: a param broadcast
+        "weights": run.weights,
         "config": cfg.to_dict(),
         "env": env_info("cuda" if run.accelerator == "gpu" else "cpu"),
         "params": num_params(module.model),
