@@ -35,7 +35,10 @@ class FluxCPModule(L.LightningModule):
         run = self.cfg.run
         n = run.warmup_steps + (run.profile_steps if run.profile else 0) + run.steps
         dp_rank = self.global_rank // run.cp_degree  # cp is the mesh's inner dim
-        return DataLoader(SyntheticFlow(self.cfg.data, self.cfg.model, n, dp_rank, run.dp), batch_size=None)
+        # pinned: Lightning's non_blocking copy is then asynchronous; from pageable memory CUDA syncs the stream
+        # first, which drains the device at every step start (measured: 2-3 ms of idle per step on an H200)
+        return DataLoader(SyntheticFlow(self.cfg.data, self.cfg.model, n, dp_rank, run.dp), batch_size=None,
+                          pin_memory=run.accelerator == "gpu")
 
     def configure_model(self):
         if self.mesh is not None:  # Lightning may call this hook more than once
