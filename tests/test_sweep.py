@@ -67,7 +67,8 @@ def test_a_bad_sweep_config_is_reported_whole_and_nothing_runs(tmp_path):
 
 def test_gpu_sweep_config_expands_on_an_8_gpu_host():
     sw = load_sweep(ROOT / "configs" / "sweep_flux.yaml", cuda_available=True, gpu_count=8)
-    assert len(sw.runs) == 32 and {r.shape["seq_len"] for r in sw.runs} == {2560, 4608}
+    assert len(sw.runs) == 56 and {r.shape["seq_len"] for r in sw.runs} == {2560, 4608}
+    assert not any(r.point["weights"] == "zero" and r.point["devices"] == 1 for r in sw.runs)
     with pytest.raises(ConfigError) as e:  # on one GPU: one line per impossible world size
         load_sweep(ROOT / "configs" / "sweep_flux.yaml", cuda_available=True, gpu_count=1)
     assert len(str(e.value).splitlines()) == 3
