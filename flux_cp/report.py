@@ -179,7 +179,7 @@ class Config:
         k = self.key
         return (f"{self.strategy}: S={k['seq_len']}, batch {k['batch']}, {k['heads']}x{k['head_dim']} heads, "
                 f"blocks {k['blocks']}, {k['precision']}, compile {k['compile']}, SDPA {k['sdpa_backend']}, "
-                f"weights {k.get('weights', 'ddp')}, "
+                f"weights {k.get('weights', 'ddp')}{' + ZeRO optimizer' if ' zero' in self.strategy else ''}, "
                 f"{k['device']}")
 
 
