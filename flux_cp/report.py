@@ -169,6 +169,7 @@ class Config:
     strategy: str
     rows: list[Row]
     notes: list[str] = field(default_factory=list)
+    profiled: dict[int, Run] = field(default_factory=dict)  # per W, the latest run with a kernel breakdown
 
     @property
     def baseline(self) -> Row | None:
@@ -204,8 +205,9 @@ def group(runs: list[Run]) -> list[Config]:
             notes = []
             mine = [r for r in bucket if strategy_label(r.d) == strat]
             base = w1_none or [r for r in mine if r.W == 1 and not r.simulated]
-            rows = []
+            rows, profiled = [], {}
             if base:
+                profiled[1] = _latest_profiled(base)
                 b, dup = _latest(base)
                 rows.append(Row(1, b, baseline=True))
                 notes += [f"{len(dup)} other W=1 baseline run(s); using the latest, {b.name}"] if dup else []
@@ -216,12 +218,19 @@ def group(runs: list[Run]) -> list[Config]:
                 if not (base and r in base):
                     by_w.setdefault(r.W, []).append(r)
             for w, rs in sorted(by_w.items()):
+                profiled[w] = _latest_profiled(rs)
                 r, dup = _latest(rs)
                 rows.append(Row(w, r))
                 if dup:
                     notes.append(f"{len(dup)} other run(s) at W={w}; using the latest, {r.name}")
-            configs.append(Config(f"c{len(configs) + 1}", key, strat, rows, notes))
+            profiled = {w: r for w, r in profiled.items() if r is not None}
+            configs.append(Config(f"c{len(configs) + 1}", key, strat, rows, notes, profiled))
     return configs
+
+
+def _latest_profiled(runs: list[Run]) -> Run | None:
+    with_profile = [r for r in runs if (r.d.get("profile") or {}).get("breakdown_ms")]
+    return _latest(with_profile)[0] if with_profile else None
 
 
 def _missing_baseline(key: dict, w1: list[Run]) -> str:
@@ -650,7 +659,17 @@ def tables(c: Config) -> list[tuple[str, list[str], list[list[str]]]]:
                      _f(None if e["grad_bytes"] is None else e["grad_bytes"] / 1e6),
                      _f(e["kv_fwd_ms"] + e["kv_bwd_ms"]), _f(e["grad_ms"]), r.a["comm_source"]])
     out.append(("Communication per step and rank: bytes and time at the link rate", hdr, rows))
+    if c.profiled:  # what scales with W and what does not, by kernel class (--profile runs)
+        bd = {w: r.d["profile"]["breakdown_ms"] for w, r in sorted(c.profiled.items())}
+        base = bd.get(1, {})
+        hdr = ["W", "run", *[f"{k} ms (x W=1)" for k in KERNEL_CLASSES]]
+        rows = [[str(w), c.profiled[w].name, *[f"{_f(b.get(k))} ({_f(_ratio(b.get(k), base.get(k)), 3)})"
+                                               for k in KERNEL_CLASSES]] for w, b in bd.items()]
+        out.append(("Kernel time per step by class, profiler (ratio to W=1; 1/W is perfect scaling)", hdr, rows))
     return out
+
+
+KERNEL_CLASSES = ("attention", "gemm", "other", "optimizer", "busy")
 
 
 def _md_table(hdr, rows) -> str:

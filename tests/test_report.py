@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from flux_cp.report import OPS, build
+from flux_cp.report import OPS, build, tables
 from flux_cp.results import validate
 
 from .conftest import ROOT, bench
@@ -246,6 +246,24 @@ def test_profile_comm_and_idle_replace_estimates(train_runs, tmp_path):
     row = c["rows"][1]
     assert row["idle_source"] == "events" and row["idle_ms"] == pytest.approx(0.1 * step2)
     assert row["comm_source"] == "estimate (100 GB/s)" and "no communication kernels" in row["notes"][0]
+
+
+def test_kernel_classes_per_w_from_the_latest_profiled_runs(train_runs, tmp_path):
+    """The by-class table takes, per W, the newest run that has a profile (a newer unprofiled W=1 run is the
+    step baseline but has no kernels), and divides by W=1's."""
+    t1, t2 = (json.loads(train_runs[w].read_text()) for w in (1, 2))
+    bd1 = {"attention": 4.0, "gemm": 10.0, "other": 2.0, "optimizer": 3.0, "busy": 19.0}
+    bd2 = {"attention": 2.2, "gemm": 5.5, "other": 1.5, "optimizer": 3.0, "busy": 12.2}
+    write(tmp_path / "w1-prof" / "summary.json", t1 | {"profile": {"breakdown_ms": bd1}})
+    os.utime(tmp_path / "w1-prof" / "summary.json", (1, 1))  # older than the unprofiled W=1 run below
+    write(tmp_path / "w1" / "summary.json", t1 | {"run_name": "w1-plain"})
+    write(tmp_path / "w2" / "summary.json", t2 | {"profile": {"breakdown_ms": bd2}})
+    (c,) = build(tmp_path).configs
+    assert c.baseline.run.name == "w1-plain"
+    (title, hdr, rows), = [t for t in tables(c) if t[0].startswith("Kernel time per step by class")]
+    assert [r[0] for r in rows] == ["1", "2"] and rows[0][1] == t1["run_name"]
+    assert rows[1][hdr.index("gemm ms (x W=1)")] == "5.5 (0.55)"
+    assert rows[1][hdr.index("optimizer ms (x W=1)")] == "3 (1)"
 
 
 def test_bad_input(tmp_path):
