@@ -131,3 +131,26 @@ def test_kernel_breakdown_of_the_committed_h200_trace():
     assert b["ops_call_ms"] == pytest.approx(recorded["ops_call_ms"])
     assert sum(b["breakdown_ms"][k] for k in ("attention", "gemm", "optimizer", "other")) == pytest.approx(
         b["breakdown_ms"]["busy"], rel=0.05)  # one stream at W=1: kernels barely overlap
+
+
+def test_a_step_read_after_the_next_one_started_keeps_its_own_figures():
+    """The callback reads step k while step k+1 runs (no per-step synchronize): each closed step keeps its
+    boundaries and regions, whatever the timer has done since."""
+    import time
+
+    from flux_cp.timing import StepTimer
+
+    t = StepTimer(cuda=False)
+    t.start_step(regions=True)
+    call = t.open("sdpa")
+    (x,) = call.enter(torch.ones(4, requires_grad=True))
+    (y,) = call.exit(x * 2)
+    y.sum().backward()
+    first = t.end_step()
+    t.start_step(regions=False)  # the next step: no regions, and slower
+    assert t.open("sdpa").enter(y) == (y,)
+    time.sleep(0.05)
+    second = t.end_step()
+    a, b = t.read(first), t.read(second)
+    assert {"sdpa_fwd_ms", "sdpa_bwd_ms", "sdpa_fwd_call_ms"} <= a.keys() and "sdpa_fwd_ms" not in b
+    assert b["step_ms"] >= 50 > a["step_ms"] > a["sdpa_fwd_ms"] > 0
