@@ -85,12 +85,12 @@ class OpTimingCallback(Callback):
         while self._pending and self._pending[0][0] <= batch_idx - lag:
             self._read_step(trainer, pl_module, *self._pending.pop(0))
 
-    def _read_step(self, trainer, pl_module, batch_idx, kind, step, loss):
+    def _read_step(self, trainer, pl_module, batch_idx, kind, step, loss, collective: bool = True):
         local = pl_module.timer.read(step)
         self._host_ms = local["host_ms"]
         local = self.last = self._figures(kind, local, pl_module.timer.enabled)
         keys = sorted(local)  # same on every rank: the kind is
-        every = self._gather([local[k] for k in keys] + [loss.item()])  # (W, M + 1)
+        every = self._gather([local[k] for k in keys] + [loss.item()], collective)  # (W, M + 1)
         loss = every[:, -1].mean().item()  # equal shards of equally many samples: global loss = mean over dp x cp ranks
         vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()
         rank0 = dict(zip(keys, every[0, :-1].tolist()))  # the summary's per-step figures are rank 0's
@@ -117,9 +117,9 @@ class OpTimingCallback(Callback):
             return {"step_untimed_ms": local["step_ms"], "host_untimed_ms": local["host_ms"]}
         return local
 
-    def _gather(self, row: list[float]) -> torch.Tensor:
+    def _gather(self, row: list[float], collective: bool = True) -> torch.Tensor:
         vec = torch.tensor(row, dtype=torch.float64)
-        if self._group is None:
+        if self._group is None or not collective:
             return vec[None]
         out = [torch.empty_like(vec) for _ in range(dist.get_world_size(self._group))]
         dist.all_gather(out, vec, group=self._group)
@@ -136,19 +136,15 @@ class OpTimingCallback(Callback):
             trainer.logger.log_summary(medians | self.summary.derived())
 
     def on_exception(self, trainer, pl_module, exception):
-        self._read_pending_locally(pl_module)
-        self.record_failure(trainer.global_rank, exception)
-
-    def _read_pending_locally(self, pl_module):
-        """Steps finished but not read when this rank failed: kept with this rank's own figures (the other
-        ranks may be gone, so no gather); skipped if the device itself failed."""
-        for batch_idx, kind, step, loss in self._pending:
+        # Steps finished but not read yet: kept with this rank's own figures (the other ranks may be gone, so
+        # no gather); the rest is skipped once one cannot be read (e.g. after a CUDA error).
+        for pending in self._pending:
             try:
-                local = self._figures(kind, pl_module.timer.read(step), pl_module.timer.enabled)
-                self.summary.add_step(batch_idx, loss.item(), local, local, local)
-            except Exception:  # e.g. a CUDA error: its events can no longer be read
+                self._read_step(trainer, pl_module, *pending, collective=False)
+            except Exception:
                 break
         self._pending.clear()
+        self.record_failure(trainer.global_rank, exception)
 
     def record_failure(self, rank: int, exception: BaseException):
         """Any rank: its error (kind, failing shape) next to the steps measured so far, `complete: false`."""

@@ -153,9 +153,8 @@ class StepTimer:
 
     def __init__(self, cuda: bool, enabled: bool = True):
         self.cuda = cuda
-        self._clocks = (_Clock(cuda), _Clock(cuda))  # alternate: a finished step's events stay valid until read
-        self._n = 0
-        self.clock = self._clocks[0]
+        self._spare = _Clock(cuda)  # two clocks, swapped per step: a finished step's events stay valid until read
+        self.clock = _Clock(cuda)
         self.enabled = enabled  # op regions; the step boundaries are always recorded
         self.annotate = False  # profiler ranges around the regions (set while profiling)
         self._regions_on = False  # this step's regions
@@ -172,8 +171,7 @@ class StepTimer:
     def start_step(self, regions: bool = True, probe_ms: float = 0.0):
         """Open a step. regions: time the op regions in it. probe_ms > 0 (CUDA): hold the stream that
         long before the step's first boundary, so the host runs ahead and the step shows busy time."""
-        self.clock = self._clocks[self._n % 2]
-        self._n += 1
+        self.clock, self._spare = self._spare, self.clock
         self.clock.reset()
         self._calls = []
         self._regions_on = self.enabled and regions
@@ -197,7 +195,7 @@ class StepTimer:
         """
         if self.cuda:
             step["dev1"].synchronize()
-        ms = self._clocks[0].ms
+        ms = self.clock.ms  # same conversion for either clock
         out = {"step_ms": ms(step["dev0"], step["dev1"]), "host_ms": (step["host1"] - step["host0"]) * 1e3}
         per: dict[str, list[float]] = defaultdict(list)
         for c in step["calls"]:

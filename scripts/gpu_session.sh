@@ -108,19 +108,17 @@ zero_w8() {
 }
 zero_w4() { tb sim4-ulysses-zero-ro --simulate-world 4 --cp ulysses --weights zero $RO $Z; }
 # Issue 6, fifth pass: batches in pinned memory (a pageable copy drained the device at every step start).
-pinned() {
-  tb w1-none-ro-pinned --cp none $RO $Z
-  tb sim2-ulysses-zero-ro-pinned --simulate-world 2 --cp ulysses --weights zero $RO $Z
-  tb sim8-ulysses-zero-ro-pinned --simulate-world 8 --cp ulysses --weights zero $RO $Z
-  tb w1-none-pinned --cp none --warmup-steps 3 $Z
-  tb sim2-ulysses-zero-compiled-profile --simulate-world 2 --cp ulysses --weights zero --compile true \
-    --warmup-steps 3 --steps 12 --profile true --wandb-mode disabled
-  tb sim4-ulysses-zero-ro-pinned --simulate-world 4 --cp ulysses --weights zero $RO $Z
-}
 pinned_min() {  # the three runs the issue-6 ratios need, when device time is short
   tb w1-none-ro-pinned --cp none $RO $Z
   tb sim2-ulysses-zero-ro-pinned --simulate-world 2 --cp ulysses --weights zero $RO $Z
   tb sim8-ulysses-zero-ro-pinned --simulate-world 8 --cp ulysses --weights zero $RO $Z
+}
+pinned() {
+  pinned_min
+  tb w1-none-pinned --cp none --warmup-steps 3 $Z
+  tb sim2-ulysses-zero-compiled-profile --simulate-world 2 --cp ulysses --weights zero --compile true \
+    --warmup-steps 3 --steps 12 --profile true --wandb-mode disabled
+  tb sim4-ulysses-zero-ro-pinned --simulate-world 4 --cp ulysses --weights zero $RO $Z
 }
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
