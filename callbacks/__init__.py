@@ -4,6 +4,7 @@ from callbacks.faults import FaultInjectionCallback
 from callbacks.guard import GuardCallback
 from callbacks.loggers import ResilientWandbLogger
 from callbacks.profiler import KernelProfileCallback
+from callbacks.syncs import SyncDebugCallback
 from callbacks.timing import OpTimingCallback
 
 __all__ = [
@@ -12,4 +13,5 @@ __all__ = [
     "KernelProfileCallback",
     "OpTimingCallback",
     "ResilientWandbLogger",
+    "SyncDebugCallback",
 ]

@@ -10,7 +10,9 @@ Warm-up steps are run and their loss kept, but their timings stay out of the sta
 profiled steps (--profile: extra steps right after warm-up, slowed by the profiler itself).
 
 Each measured step has a kind (`step_kind`), the same on every rank:
-- "timed": op regions on -> step_ms, host_ms, sdpa_*/qkv_gemm_* (the normal step);
+- "timed": op regions on -> step_ms, host_ms, sdpa_*/qkv_gemm_* (the normal step), and the loop's
+  pace: loop_ms (host wall time from this step's start to the next's: data loading included, unlike
+  step_ms) and host_wait_ms (time the host waited for the device; ~0 when the host sets the pace);
 - "plain": regions off -> step_ms/host_ms when --timing false; with --timing-ab (instrumentation
   overhead, alternating in one process) every other step is plain -> step_untimed_ms;
 - "probe" (CUDA, every --idle-probe-every'th step): the host runs ahead of the device ->
@@ -28,6 +30,7 @@ from lightning.pytorch import Callback
 
 from flux_cp.failures import error_kind, error_line
 from flux_cp.results import RunSummary
+from flux_cp.timing import spin_cycles_per_ms, sync_allowed
 
 
 class OpTimingCallback(Callback):
@@ -69,6 +72,8 @@ class OpTimingCallback(Callback):
         self.summary.header["optimizer_params"] = pl_module.optimizer_params  # this rank's share under ZeRO
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        if pl_module.timer.cuda and self.idle_probe_every:
+            spin_cycles_per_ms()  # calibrated (it synchronises) before any step, not inside the first probe
         self._t0 = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -86,11 +91,15 @@ class OpTimingCallback(Callback):
             self._read_step(trainer, pl_module, *self._pending.pop(0))
 
     def _read_step(self, trainer, pl_module, batch_idx, kind, step, loss, collective: bool = True):
-        local = pl_module.timer.read(step)
+        with sync_allowed(pl_module.timer.cuda):  # waits on a finished step: not a stall of the loop
+            local = pl_module.timer.read(step)
+            loss = loss.item()
         self._host_ms = local["host_ms"]
+        if self._pending:  # the next step has started: the loop's period, as the host sees it
+            local["loop_ms"] = (self._pending[0][2]["host0"] - step["host0"]) * 1e3
         local = self.last = self._figures(kind, local, pl_module.timer.enabled)
-        keys = sorted(local)  # same on every rank: the kind is
-        every = self._gather([local[k] for k in keys] + [loss.item()], collective)  # (W, M + 1)
+        keys = sorted(local)  # same on every rank: the kind and the steps started are
+        every = self._gather([local[k] for k in keys] + [loss], collective)  # (W, M + 1)
         loss = every[:, -1].mean().item()  # equal shards of equally many samples: global loss = mean over dp x cp ranks
         vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()
         rank0 = dict(zip(keys, every[0, :-1].tolist()))  # the summary's per-step figures are rank 0's
@@ -138,9 +147,9 @@ class OpTimingCallback(Callback):
     def on_exception(self, trainer, pl_module, exception):
         # Steps finished but not read yet: kept with this rank's own figures (the other ranks may be gone, so
         # no gather); the rest is skipped once one cannot be read (e.g. after a CUDA error).
-        for pending in self._pending:
+        while self._pending:
             try:
-                self._read_step(trainer, pl_module, *pending, collective=False)
+                self._read_step(trainer, pl_module, *self._pending.pop(0), collective=False)
             except Exception:
                 break
         self._pending.clear()

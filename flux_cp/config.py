@@ -91,6 +91,7 @@ class RunConfig:
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     # > 1: one process runs the per-rank compute of a W-way split (no communication); --ops-only takes a list
     simulate_world: int | list[int] | str = 1
+    sync_debug: bool = False  # CUDA: count the loop's synchronizing calls by call site (torch's sync debug mode)
     dump_grads: bool = False  # save every parameter's gradient after the first step (numerics checks)
     timeout_s: float = 900.0  # a stalled step (hung rank/collective) ends the run: process-group timeout + watchdog
     # op-only microbenchmark (flux_cp/opbench.py); lists are given as "4608,16384" or [4608, 16384]
@@ -273,6 +274,8 @@ def resolve(
         )
     if run.profile and run.profile_steps < 1:
         raise ConfigError(f"--profile-steps {run.profile_steps}: must be >= 1 (extra steps after warm-up)")
+    if run.sync_debug and run.accelerator != "gpu":
+        raise ConfigError("--sync-debug: torch's sync debug mode watches CUDA calls (drop it, or run on a GPU)")
     if run.idle_probe_every == 1 or run.idle_probe_every < 0:
         raise ConfigError(f"--idle-probe-every {run.idle_probe_every}: 0 (off) or >= 2")
     w = max(run.cp_degree, sim)

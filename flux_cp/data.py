@@ -10,7 +10,7 @@ process with batch_size 2.
 import dataclasses
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from flux_cp.config import DataConfig, ModelConfig
 
@@ -45,3 +45,13 @@ class SyntheticFlow(IterableDataset):
 
     def __len__(self):
         return self.steps
+
+
+def make_loader(data: DataConfig, model: ModelConfig, steps: int, dp_rank: int, dp: int, gpu: bool) -> DataLoader:
+    """On GPU, one worker process makes the batches and a thread pins them: generating a batch takes ~10 ms
+    of CPU (Flux's 512 x 4096 text embeddings), which in the main process would pace a short step (and is
+    not the per-rank work being measured); from pinned memory Lightning's non_blocking copy is asynchronous,
+    while from pageable memory CUDA syncs the stream first, draining the device at every step start
+    (docs/results/2026-12-03-h200-zero.md). On CPU the steps use every core: batches come in line."""
+    return DataLoader(SyntheticFlow(data, model, steps, dp_rank, dp), batch_size=None, pin_memory=gpu,
+                      num_workers=1 if gpu else 0)

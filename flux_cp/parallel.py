@@ -111,19 +111,38 @@ class _HeadsToSeq(torch.autograd.Function):
 
 
 def _seq_to_heads(x, group, world):
-    b, h, s, d = x.shape
-    send = x.reshape(b, world, h // world, s, d).transpose(0, 1).contiguous()  # (W, B, h, S_l, D): chunk j -> rank j
+    send = _by_head_group(x, world)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)  # chunk r: rank r's tokens, my heads
-    return recv.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
+    return _join_seq(recv)
 
 
 def _heads_to_seq(y, group, world):
-    b, h, s, d = y.shape
-    send = y.reshape(b, h, world, s // world, d).permute(2, 0, 1, 3, 4).contiguous()  # chunk j: rank j's tokens
+    send = _by_seq_chunk(y, world)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)  # chunk r: my tokens, rank r's heads
-    return recv.transpose(0, 1).reshape(b, h * world, s // world, d)
+    return _join_heads(recv)
+
+
+# The layouts around the two all-to-alls: chunk j of a send buffer goes to rank j.
+def _by_head_group(x, world):  # (B, H, S_l, D) -> (W, B, H/W, S_l, D), chunk j: head group j
+    b, h, s, d = x.shape
+    return x.reshape(b, world, h // world, s, d).transpose(0, 1).contiguous()
+
+
+def _join_seq(x):  # (W, B, H/W, S_l, D), chunk r: tokens of rank r -> (B, H/W, W * S_l, D)
+    w, b, h, s, d = x.shape
+    return x.permute(1, 2, 0, 3, 4).reshape(b, h, w * s, d)
+
+
+def _by_seq_chunk(y, world):  # (B, H/W, S, D) -> (W, B, H/W, S/W, D), chunk j: rank j's tokens
+    b, h, s, d = y.shape
+    return y.reshape(b, h, world, s // world, d).permute(2, 0, 1, 3, 4).contiguous()
+
+
+def _join_heads(x):  # (W, B, H/W, S_l, D), chunk r: head group r -> (B, H, S_l, D)
+    w, b, h, s, d = x.shape
+    return x.transpose(0, 1).reshape(b, w * h, s, d)
 
 
 # ---------------------------------------------------------------- strategies
@@ -231,9 +250,12 @@ class SimulatedAllGatherKV(AllGatherKV):
 
 
 class SimulatedUlysses(CPStrategy):
-    """One rank of a `sim`-way Ulysses split without the all-to-alls: SDPA over H/W heads and the full
-    W * S_l tokens (the rank's own tokens stand in for the others'), then back to (B, H, S_l, D).
-    S_q = S_kv here, so the SDPA backend is left as chosen (cuDNN by default on H100/H200)."""
+    """One rank of a `sim`-way Ulysses split: the real strategy's layout copies around SDPA over H/W heads and
+    W * S_l tokens, with each all-to-all replaced by the identity (the rank's own W head groups stand in for
+    the W ranks' token chunks). Every head's gradient flows back, as in the real rank; a slice of H/W heads
+    would add a zero-filled gradient the real rank does not compute, and split the compiled backward of the
+    q/k norms (measured: docs/results/2026-12-03-h200-zero.md). S_q = S_kv here, so the SDPA backend is left
+    as chosen (cuDNN by default on H100/H200)."""
 
     name = "ulysses"
 
@@ -241,12 +263,11 @@ class SimulatedUlysses(CPStrategy):
         super().__init__(*args, **kwargs)
         self.sim = sim
 
-    def attention(self, q, k, v):
+    def attention(self, q, k, v):  # (B, H, S_l, D)
         w = self.sim
-        b, h, s, d = q.shape
-        q, k, v = (x[:, : h // w].repeat(1, 1, w, 1) for x in (q, k, v))  # (B, H/W, W * S_l, D)
+        q, k, v = (_join_seq(_by_head_group(x, w)) for x in (q, k, v))  # (B, H/W, W * S_l, D)
         out = F.scaled_dot_product_attention(q, k, v)
-        return out.reshape(b, h // w, w, s, d).transpose(1, 2).reshape(b, h, s, d)  # (B, H, S_l, D), rank-major
+        return _join_heads(_by_seq_chunk(out, w))  # (B, H, S_l, D)
 
 
 STRATEGY_CLASSES = {c.name: c for c in (CPStrategy, AllGatherKV, Ulysses, TorchRing)}

@@ -81,6 +81,8 @@ class RunSummary:
         out = {}
         if "device_busy_ms" in med and "step_ms" in med:  # probe steps: the device's time with the host ahead
             out["device_idle_frac"] = max(0.0, 1.0 - med["device_busy_ms"] / med["step_ms"])
+        if "device_busy_ms" in med and "loop_ms" in med:  # the same over the loop's period: gaps between steps too
+            out["loop_idle_frac"] = max(0.0, 1.0 - med["device_busy_ms"] / med["loop_ms"])
         if "step_untimed_ms" in med and "step_ms" in med:  # --timing-ab: regions on vs off, alternating
             out["timing_overhead_pct"] = 100.0 * (med["step_ms"] / med["step_untimed_ms"] - 1.0)
         if "warmup_s" in self.header and "step_ms" in med:  # warm-up wall time beyond as many steady steps
@@ -93,6 +95,8 @@ class RunSummary:
         derived = self.derived()
         if "device_idle_frac" in derived:
             d["idle"] = {"device_idle_frac": derived["device_idle_frac"], "source": "events"}
+            if "loop_idle_frac" in derived:
+                d["idle"]["loop_idle_frac"] = derived["loop_idle_frac"]
         if "timing_overhead_pct" in derived:
             d["timing_overhead_pct"] = derived["timing_overhead_pct"]
         if "profile" in d and d["profile"].get("fidelity"):

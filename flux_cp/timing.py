@@ -25,6 +25,7 @@ i.e. how host bound the step is. (If the step issues more launches than the driv
 host still stalls and busy is over-estimated: the profiler's figure, `--profile`, checks it.)
 """
 
+import contextlib
 import functools
 import time
 from collections import defaultdict
@@ -49,6 +50,21 @@ def spin_cycles_per_ms() -> float:
 def hold_stream(ms: float) -> None:
     """Queue a spin kernel of about `ms` on the current stream: the host runs ahead of the device meanwhile."""
     torch.cuda._sleep(int(ms * spin_cycles_per_ms()))
+
+
+@contextlib.contextmanager
+def sync_allowed(cuda: bool):
+    """Intended waits of the instrument (a finished step's last event, its loss) stay out of the count of
+    synchronizing calls that --sync-debug (torch's sync debug mode) makes."""
+    if not cuda:
+        yield
+        return
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
 
 
 class _Clock:
@@ -190,13 +206,17 @@ class StepTimer:
         """Wait for the step's last boundary (not for the stream: a later step may be running) and turn its
         boundaries into milliseconds.
 
-        Returns `step_ms`, `host_ms`, and per region `<name>_fwd_ms` / `<name>_bwd_ms` (summed over
+        Returns `step_ms`, `host_ms`, `host_wait_ms` (how long the host waited here: ~0 when the host, not
+        the device, sets the pace), and per region `<name>_fwd_ms` / `<name>_bwd_ms` (summed over
         calls) with `<name>_fwd_call_ms` / `<name>_bwd_call_ms` (mean per call).
         """
+        t0 = time.perf_counter()
         if self.cuda:
-            step["dev1"].synchronize()
+            with sync_allowed(True):
+                step["dev1"].synchronize()
         ms = self.clock.ms  # same conversion for either clock
-        out = {"step_ms": ms(step["dev0"], step["dev1"]), "host_ms": (step["host1"] - step["host0"]) * 1e3}
+        out = {"step_ms": ms(step["dev0"], step["dev1"]), "host_ms": (step["host1"] - step["host0"]) * 1e3,
+               "host_wait_ms": (time.perf_counter() - t0) * 1e3}
         per: dict[str, list[float]] = defaultdict(list)
         for c in step["calls"]:
             st = c.stamps

@@ -120,6 +120,20 @@ pinned() {
     --warmup-steps 3 --steps 12 --profile true --wandb-mode disabled
   tb sim4-ulysses-zero-ro-pinned --simulate-world 4 --cp ulysses --weights zero $RO $Z
 }
+# Issue 6, sixth pass: where the loop still waits (--sync-debug), the loader in a worker (loop_ms), and the
+# Ulysses simulation with the real layout copies instead of a head slice.
+syncs() {
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k sync 2>&1 | tail -4
+  tb w1-none-ro-syncs --cp none $RO --steps 12 --sync-debug true --wandb-mode disabled
+  tb sim8-ulysses-zero-ro-syncs --simulate-world 8 --cp ulysses --weights zero $RO --steps 12 --sync-debug true \
+    --wandb-mode disabled
+}
+layout() {
+  pinned_min
+  tb w1-none-compiled-profile --cp none --compile true --steps 12 --warmup-steps 3 --profile true --wandb-mode disabled
+  tb sim2-ulysses-zero-compiled-profile --simulate-world 2 --cp ulysses --weights zero --compile true \
+    --warmup-steps 3 --steps 12 --profile true --wandb-mode disabled
+}
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
 }

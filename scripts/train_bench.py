@@ -54,6 +54,7 @@ def train(cfg) -> int:
         KernelProfileCallback,
         OpTimingCallback,
         ResilientWandbLogger,
+        SyncDebugCallback,
     )
     from flux_cp.failures import EXIT_CODES, Watchdog, error_kind, error_line, kill_tree
     from flux_cp.mesh import lightning_strategy
@@ -107,6 +108,8 @@ def train(cfg) -> int:
         idle_probe_every=run.idle_probe_every,
     )
     callbacks = [timing, RichProgressBar(), GuardCallback(watchdog)]
+    if run.sync_debug:  # first: its figures are in the summary the timing callback writes at the end
+        callbacks.insert(0, SyncDebugCallback(timing, run.warmup_steps + profile_steps))
     if fault := FaultInjectionCallback.from_env():  # tests only (FLUX_CP_FAULT)
         callbacks.append(fault)
     if run.profile:
@@ -163,7 +166,7 @@ def print_summary(d: dict, path: Path) -> None:
     table = Table(title=f"{d['run_name']}  ({d['env']['device']}, {d['metrics'].get('step_ms', {}).get('n', 0)} steps)")
     for col in ("metric", "median", "min", "max", "rank max (median)"):
         table.add_column(col, justify="right" if col != "metric" else "left")
-    first = ["step_ms", "host_ms", "device_busy_ms", "step_untimed_ms"]  # the step, then its parts
+    first = ["step_ms", "host_ms", "device_busy_ms", "loop_ms", "host_wait_ms", "step_untimed_ms"]  # step, then parts
 
     def order(name: str):
         return (0, first.index(name)) if name in first else (1, name)
@@ -178,6 +181,9 @@ def print_summary(d: dict, path: Path) -> None:
     notes = []
     if "idle" in d:
         notes.append(f"device idle {100 * d['idle']['device_idle_frac']:.1f}% of the step (events)")
+        if "loop_idle_frac" in d["idle"]:
+            loop = 100 * d["idle"]["loop_idle_frac"]
+            notes.append(f"device idle {loop:.1f}% of the loop's period (gaps between steps too)")
     if "timing_overhead_pct" in d:
         notes.append(f"instrumentation overhead {d['timing_overhead_pct']:+.2f}% (alternating steps)")
     if d.get("compile", {}).get("compile_s") is not None:
@@ -185,6 +191,10 @@ def print_summary(d: dict, path: Path) -> None:
     if "profile" in d:
         p = d["profile"]
         notes.append(f"profiler: device idle {100 * p.get('idle_frac', 0):.1f}%, traces in {path.parent / 'traces'}")
+    if "syncs" in d:
+        s = d["syncs"]
+        notes.append(f"synchronizing calls: {s['per_step']:.2f} per measured step ({s['steps']} steps)")
+        notes += [f"  {site['count']} x {' <- '.join(reversed(site['stack'][-3:]))}" for site in s["sites"][:5]]
     for n in notes:
         console.print(n)
     console.print(f"loss: first {d['loss'][0]:.6f}  last {d['loss'][-1]:.6f}   summary: {path}", soft_wrap=True)

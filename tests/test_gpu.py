@@ -60,3 +60,31 @@ def test_torch_cp_world1_matches_none(pg, backend, rotate):
         scale = g.abs().max().clamp_min(1e-6)
         err = (grads[name] - g).abs().max() / scale
         assert err < 5e-2, f"{name}: grad differs by {err:.3g} of its max"
+
+
+def test_sync_debug_names_the_call_site(tmp_path):
+    """--sync-debug's callback counts a synchronizing call by its Python call site; the timer's own waits
+    (sync_allowed) stay out."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from callbacks.syncs import SyncDebugCallback
+    from callbacks.timing import OpTimingCallback
+    from flux_cp.timing import sync_allowed
+
+    timing = OpTimingCallback(tmp_path / "summary.json", {}, warmup_steps=1)
+    cb = SyncDebugCallback(timing, first_step=1)
+    cb.on_train_start(None, None)
+    x = torch.ones(3, device="cuda")
+    try:
+        cb.on_train_batch_start(None, None, None, 0)  # warm-up: not watched
+        x.sum().item()
+        cb.on_train_batch_start(None, None, None, 1)
+        x.sum().item()  # one blocking copy to the host
+        with sync_allowed(True):
+            x.sum().item()
+    finally:
+        cb.on_train_end(None, None)
+    s = timing.summary.header["syncs"]
+    assert s["steps"] == 1 and s["per_step"] == 1, s
+    assert "test_sync_debug_names_the_call_site" in s["sites"][0]["stack"][-1]
+    assert torch.cuda.get_sync_debug_mode() == 0

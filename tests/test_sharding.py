@@ -1,6 +1,9 @@
+import warnings
+
 import torch
 
-from flux_cp.config import ModelConfig
+from flux_cp.config import DataConfig, ModelConfig
+from flux_cp.data import make_loader
 from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.parallel import make_strategy, shard, shard_joint, unshard_joint
 
@@ -40,9 +43,16 @@ def test_simulated_strategies_do_the_ranks_work():
     sim = make_strategy("allgather-kv", 0, 1, torch.device("cpu"), simulate_world=4)
     torch.testing.assert_close(sim.attention(q, k, v), ref)
     uly = make_strategy("ulysses", 0, 1, torch.device("cpu"), simulate_world=2)
-    out = uly.attention(q, k, v)  # the rank's 2 heads over 2 x 6 tokens, laid back out as (B, H, S_l, D)
+    out = uly.attention(q, k, v)  # 2 heads over 2 x 6 tokens, laid back out as (B, H, S_l, D)
     assert out.shape == q.shape
-    torch.testing.assert_close(out, ref[:, :2].repeat(1, 2, 1, 1))
+    # The rank's head groups stand in for the other ranks' tokens: when both groups hold the same heads, each
+    # query sees its own keys twice, and the output is plain local attention.
+    q2, k2, v2 = (x[:, :2].repeat(1, 2, 1, 1).requires_grad_() for x in (q, k, v))
+    torch.testing.assert_close(uly.attention(q2, k2, v2), torch.nn.functional.scaled_dot_product_attention(q2, k2, v2))
+    # Every head gets a gradient, as on a real rank (a slice of H/W heads would leave half of them zero).
+    q.requires_grad_()
+    uly.attention(q, k, v).square().sum().backward()
+    assert (q.grad.abs().sum(dim=(0, 2, 3)) > 0).all()
 
 
 def test_sdpa_backend_pins():
@@ -52,3 +62,18 @@ def test_sdpa_backend_pins():
     assert make_strategy("ulysses", 0, 1, cuda, simulate_world=2).sdpa_backend == "auto"
     assert make_strategy("allgather-kv", 0, 1, cuda, sdpa_backend="cudnn").sdpa_backend == "cudnn"
     assert make_strategy("allgather-kv", 0, 1, torch.device("cpu")).sdpa_backend == "auto"
+
+
+def test_gpu_loader_worker_yields_the_same_batches():
+    """The GPU loader makes batches in a worker process: same batches, same order, as made in line (dp rank 1
+    of 2 here, so the worker also takes the right samples)."""
+    data, model = DataConfig(image_height=4, image_width=4, text_tokens=4, batch_size=1), ModelConfig(
+        num_heads=2, head_dim=8, text_dim=16, pooled_dim=8, rope_axes=[2, 2, 4], in_channels=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no GPU here: pin_memory is skipped, with a warning
+        got = list(make_loader(data, model, 5, dp_rank=1, dp=2, gpu=True))
+    want = list(make_loader(data, model, 5, dp_rank=1, dp=2, gpu=False))
+    assert len(got) == len(want) == 5
+    for a, b in zip(got, want):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(got[0]["x_t"], got[1]["x_t"])
