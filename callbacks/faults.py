@@ -6,12 +6,14 @@ launcher and process group (tests/test_faults.py). train_bench adds it only when
 
 import os
 import time
+from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback
 
 ENV = "FLUX_CP_FAULT"
 KINDS = ("raise", "hang", "oom", "sleep")
+SLEEPING = "fault-sleeping"  # file in the run's output folder, made when kind=sleep starts sleeping
 
 
 class InjectedFault(RuntimeError):
@@ -46,6 +48,7 @@ class FaultInjectionCallback(Callback):
         if f["kind"] == "oom":  # a real allocation far beyond any memory: the allocator raises
             torch.empty(1 << 50, dtype=torch.uint8, device=pl_module.device)  # 1 PiB
         if f["kind"] == "sleep":
+            (Path(trainer.default_root_dir) / SLEEPING).touch()  # tells the test the rank is in the step now
             time.sleep(f["seconds"])
         while f["kind"] == "hang":  # the other ranks wait in the step's collectives
             time.sleep(1)

@@ -42,14 +42,15 @@ class OpTimingCallback(Callback):
         profile_steps: int = 0,
         timing_ab: bool = False,
         idle_probe_every: int = 4,
-        flush_every: int = 1,
+        flush_every_s: float = 1.0,
     ):
         self.summary = RunSummary(summary_path, header, warmup_steps + profile_steps)
         self.warmup_steps = warmup_steps
         self.skip = warmup_steps + profile_steps  # steps kept out of the statistics
         self.timing_ab = timing_ab
         self.idle_probe_every = idle_probe_every
-        self.flush_every = flush_every
+        self.flush_every_s = flush_every_s  # summary.json rewrites while measuring: at most this often
+        self._flushed = 0.0
         self.last: dict[str, float] = {}  # this rank's figures of the last step (the profiler reads them)
         self._host_ms = 0.0  # last step's issue time: how far ahead a probe must hold the stream
         self._kind = "timed"  # this step's kind, set at its start
@@ -115,8 +116,12 @@ class OpTimingCallback(Callback):
                 logged |= {f"rank_max/{k}": v for k, v in zip(keys, vmax)}
                 logged |= {f"rank_min/{k}": v for k, v in zip(keys, vmin)}
             trainer.logger.log_metrics(logged, step=batch_idx)
-        if (batch_idx + 1) % self.flush_every == 0:
+        # Written at every step out of the statistics, then at most every flush_every_s: a write (JSON + fsync) in
+        # every step would be host time between steps. A failing run writes everything it read (on_exception).
+        now = time.perf_counter()
+        if batch_idx < self.skip or now - self._flushed >= self.flush_every_s:
             self.summary.write(complete=False)
+            self._flushed = now
 
     def _figures(self, kind: str, local: dict, regions: bool) -> dict:
         """A step's figures under the names its kind gives them."""

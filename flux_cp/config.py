@@ -89,6 +89,9 @@ class RunConfig:
     compile: bool = False  # torch.compile each block (compilation happens in warm-up, never in step times)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # blocks: each block on its own (torchtitan's way); model: one graph for the whole forward (and one CUDA graph
+    # per pass under reduce-overhead), fewer host launches where the per-rank step is short
+    compile_scope: Literal["blocks", "model"] = "blocks"
     # > 1: one process runs the per-rank compute of a W-way split (no communication); --ops-only takes a list
     simulate_world: int | list[int] | str = 1
     sync_debug: bool = False  # CUDA: count the loop's synchronizing calls by call site (torch's sync debug mode)
@@ -387,5 +390,8 @@ def run_name(cfg: BenchConfig, mode: str = "train") -> str:
     w = f"W{run.simulate_world}sim" if run.simulate_world > 1 else f"W{run.world_size}"
     dp = f"-dp{run.dp}" if run.dp > 1 else ""
     fsdp = "" if run.weights == "ddp" else f"-{run.weights}"
-    compiled = ("-compiled" + ("" if run.compile_mode == "default" else f"-{run.compile_mode}")) if run.compile else ""
+    compiled = ""
+    if run.compile:
+        compiled = "-compiled" + ("" if run.compile_mode == "default" else f"-{run.compile_mode}")
+        compiled += "-model" if run.compile_scope == "model" else ""
     return f"{mode}-{w}{dp}-{run.cp}{fsdp}-s{cfg.data.seq_len}{compiled}"

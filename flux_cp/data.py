@@ -14,6 +14,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from flux_cp.config import DataConfig, ModelConfig
 
+DTYPES = {"bf16-true": torch.bfloat16, "32-true": torch.float32, "64-true": torch.float64}  # --precision
+
 
 def make_batch(data: DataConfig, model: ModelConfig, step: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(data.seed * 1_000_003 + step)
@@ -32,26 +34,33 @@ def make_batch(data: DataConfig, model: ModelConfig, step: int) -> dict[str, tor
 
 
 class SyntheticFlow(IterableDataset):
-    def __init__(self, data: DataConfig, model: ModelConfig, steps: int, dp_rank: int = 0, dp: int = 1):
+    """Batches made in fp32 (the same values at every precision), handed out in the run's dtype: Lightning's
+    precision plugin would otherwise cast them on the host between steps, into pageable memory (measured on an
+    H200: 3 casts of 3-6 ms each per step, then a pageable copy)."""
+
+    def __init__(self, data: DataConfig, model: ModelConfig, steps: int, dp_rank: int = 0, dp: int = 1,
+                 dtype: torch.dtype = torch.float32):
         self.data, self.model, self.steps = data, model, steps
-        self.dp_rank, self.dp = dp_rank, dp
+        self.dp_rank, self.dp, self.dtype = dp_rank, dp, dtype
 
     def __iter__(self):
         b = self.data.batch_size
         whole = dataclasses.replace(self.data, batch_size=b * self.dp)  # the global batch
         for i in range(self.steps):
             batch = make_batch(whole, self.model, i)
-            yield {k: v[self.dp_rank * b : (self.dp_rank + 1) * b] for k, v in batch.items()}  # this dp rank's samples
+            # this dp rank's samples; contiguous copies, so that a worker sends (and the loader pins) only those
+            yield {k: v[self.dp_rank * b : (self.dp_rank + 1) * b].to(self.dtype, copy=True) for k, v in batch.items()}
 
     def __len__(self):
         return self.steps
 
 
-def make_loader(data: DataConfig, model: ModelConfig, steps: int, dp_rank: int, dp: int, gpu: bool) -> DataLoader:
+def make_loader(data: DataConfig, model: ModelConfig, steps: int, dp_rank: int, dp: int, gpu: bool,
+                dtype: torch.dtype = torch.float32) -> DataLoader:
     """On GPU, one worker process makes the batches and a thread pins them: generating a batch takes ~10 ms
     of CPU (Flux's 512 x 4096 text embeddings), which in the main process would pace a short step (and is
     not the per-rank work being measured); from pinned memory Lightning's non_blocking copy is asynchronous,
     while from pageable memory CUDA syncs the stream first, draining the device at every step start
     (docs/results/2026-12-03-h200-zero.md). On CPU the steps use every core: batches come in line."""
-    return DataLoader(SyntheticFlow(data, model, steps, dp_rank, dp), batch_size=None, pin_memory=gpu,
+    return DataLoader(SyntheticFlow(data, model, steps, dp_rank, dp, dtype), batch_size=None, pin_memory=gpu,
                       num_workers=1 if gpu else 0)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from flux_cp.config import BenchConfig
-from flux_cp.data import make_loader
+from flux_cp.data import DTYPES, make_loader
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, optimizer_numel, shard_weights
 from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.parallel import apply_cp, make_strategy, shard
@@ -34,7 +34,8 @@ class FluxCPModule(L.LightningModule):
         run = self.cfg.run
         n = run.warmup_steps + (run.profile_steps if run.profile else 0) + run.steps
         dp_rank = self.global_rank // run.cp_degree  # cp is the mesh's inner dim
-        return make_loader(self.cfg.data, self.cfg.model, n, dp_rank, run.dp, gpu=run.accelerator == "gpu")
+        return make_loader(self.cfg.data, self.cfg.model, n, dp_rank, run.dp, gpu=run.accelerator == "gpu",
+                           dtype=DTYPES[run.precision])
 
     def configure_model(self):
         if self.mesh is not None:  # Lightning may call this hook more than once
@@ -61,10 +62,12 @@ class FluxCPModule(L.LightningModule):
             mesh=cp_mesh,
         )
         apply_cp(self.model, self.strategy, self.timer)
-        if run.compile:  # per block, like torchtitan: the processor (and its collectives) is traced with it
+        if run.compile:  # the attention processor (and its collectives) is traced with the blocks
             mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
-            for blk in (*self.model.double_blocks, *self.model.single_blocks):
-                blk.compile(mode=mode, backend=run.compile_backend)
+            scope = [self.model] if run.compile_scope == "model" else [*self.model.double_blocks,
+                                                                        *self.model.single_blocks]
+            for m in scope:
+                m.compile(mode=mode, backend=run.compile_backend)
         # A simulated run takes rank 0's shard of a W-way split (all ranks' shards cost the same).
         self.split = (0, run.simulate_world) if run.simulate_world > 1 else (rank, world)
         # Each rank's RoPE angles: its own text and image tokens' positions, in [text, image] order.

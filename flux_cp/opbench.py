@@ -36,11 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from flux_cp.config import BenchConfig, run_name
+from flux_cp.data import DTYPES
 from flux_cp.parallel import CPStrategy, make_strategy
 from flux_cp.results import env_info, stats, write_json_atomic
 from flux_cp.timing import hold_stream
 
-DTYPES = {"bf16-true": torch.bfloat16, "32-true": torch.float32, "64-true": torch.float64}
 OPS = ("sdpa_fwd", "sdpa_bwd", "qkv_gemm_fwd", "qkv_gemm_bwd")
 BUDGET_MS = 1000.0  # GPU: timed calls per op stop near this much device time ...
 MIN_REPS = 3  # ... but never fewer than this (a 100k-token SDPA backward is ~0.6 s)

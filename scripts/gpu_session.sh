@@ -134,6 +134,18 @@ layout() {
   tb sim2-ulysses-zero-compiled-profile --simulate-world 2 --cp ulysses --weights zero --compile true \
     --warmup-steps 3 --steps 12 --profile true --wandb-mode disabled
 }
+# Issue 6, seventh pass: batches handed out in the run's dtype (no host casts between steps); the whole model
+# in one graph (--compile-scope model) against per-block graphs; a profiled reduce-overhead step at W=8.
+scope() {
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k sync 2>&1 | tail -30
+  pinned_min
+  for w in 1 2 8; do
+    if [ $w = 1 ]; then sim="--cp none"; else sim="--simulate-world $w --cp ulysses --weights zero"; fi
+    tb w$w-ro-model $sim --compile-scope model $RO $Z
+  done
+  tb sim8-ulysses-zero-ro-profile --simulate-world 8 --cp ulysses --weights zero $RO --steps 10 --profile true \
+    --wandb-mode disabled
+}
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
 }

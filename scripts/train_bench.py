@@ -95,7 +95,8 @@ def train(cfg) -> int:
         "tokens_per_rank": cfg.data.seq_len // max(run.cp_degree, run.simulate_world),
         "simulate_world": run.simulate_world if run.simulate_world > 1 else None,
         "compile": {"enabled": run.compile, "mode": run.compile_mode if run.compile else None,
-                    "backend": run.compile_backend if run.compile else None},
+                    "backend": run.compile_backend if run.compile else None,
+                    "scope": run.compile_scope if run.compile else None},
         "op_regions": run.timing and not run.compile,  # regions would split compiled graphs: off under --compile
     }
     profile_steps = run.profile_steps if run.profile else 0  # extra steps after warm-up, out of the statistics

@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 
+from callbacks.faults import SLEEPING
 from flux_cp.failures import EXIT_INTERRUPTED, EXIT_TIMEOUT
 
 from .conftest import ROOT, SCRIPT, bench, free_port, leftover_processes
@@ -64,10 +65,10 @@ def test_sigterm_flushes_an_incomplete_summary(tmp_path):
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:  # until rank 0 sleeps inside step 2
-            if (tmp_path / "summary.json").exists() and len(_summary(tmp_path)["loss"]) == 2:
+            if (tmp_path / SLEEPING).exists():
                 break
             time.sleep(0.2)
-        time.sleep(1)
+        assert (tmp_path / SLEEPING).exists(), "rank 0 never reached step 2"
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=60)  # not the 120 s sleep, nor the 300 s timeout
     finally:

@@ -1,6 +1,7 @@
 """GPU checks (pytest -m gpu), run on the lent H200: torch's context_parallel dispatch path."""
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -71,10 +72,17 @@ def test_sync_debug_names_the_call_site(tmp_path):
     from callbacks.timing import OpTimingCallback
     from flux_cp.timing import sync_allowed
 
+    x = torch.ones(3, device="cuda")
+    with warnings.catch_warnings(record=True) as seen:  # torch's own mechanism, as this torch has it
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        x.sum().item()
+        torch.cuda.set_sync_debug_mode(0)
+    assert any("synchronizing" in str(w.message) for w in seen), [str(w.message) for w in seen]
+
     timing = OpTimingCallback(tmp_path / "summary.json", {}, warmup_steps=1)
     cb = SyncDebugCallback(timing, first_step=1)
     cb.on_train_start(None, None)
-    x = torch.ones(3, device="cuda")
     try:
         cb.on_train_batch_start(None, None, None, 0)  # warm-up: not watched
         x.sum().item()

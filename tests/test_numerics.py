@@ -35,12 +35,15 @@ def test_cp_matches_single_process(reference, tmp_path_factory, devices, cp):
         torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-5 * g.abs().max().item(), msg=name)
 
 
-def test_compiled_matches_eager(reference, tmp_path_factory):
-    """--compile (aot_eager on CPU: the graph capture and autograd; inductor is exercised on the GPU)."""
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_compiled_matches_eager(reference, tmp_path_factory, scope):
+    """--compile (aot_eager on CPU: the graph capture and autograd; inductor is exercised on the GPU), block by
+    block or the whole model in one graph, collectives inside."""
     ref, ref_grads = reference
     got, grads = _run(tmp_path_factory, 2, "allgather-kv", "--compile", "true", "--compile-backend", "aot_eager",
-                      "--steps", 1, "--warmup-steps", 2)
+                      "--compile-scope", scope, "--steps", 1, "--warmup-steps", 2)
     assert got["compile"]["enabled"] and got["compile"]["compile_s"] > 0 and not got["op_regions"]
+    assert got["compile"]["scope"] == scope and got["run_name"].endswith("-model") == (scope == "model")
     torch.testing.assert_close(torch.tensor(got["loss"]), torch.tensor(ref["loss"]), rtol=1e-5, atol=0)
     for name, g in ref_grads.items():
         torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-5 * g.abs().max().item(), msg=name)
