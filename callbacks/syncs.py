@@ -45,7 +45,7 @@ class SyncDebugCallback(Callback):
     def _record(self, message, category, filename, lineno, file=None, line=None):
         if MESSAGE not in str(message):
             return self._show(message, category, filename, lineno, file, line)
-        stack = traceback.extract_stack()[:-1]  # without this function
+        stack = [f for f in traceback.extract_stack()[:-1] if f.filename != warnings.__file__]  # the caller's frames
         self.sites[tuple(_where(f) for f in stack[-FRAMES:])] += 1
 
     def on_train_start(self, trainer, pl_module):

@@ -78,6 +78,7 @@ class RunConfig:
     steps: int = 20  # measured steps
     warmup_steps: int = 5  # run first, excluded from the statistics (their loss is kept)
     lr: float = 1e-4
+    num_workers: int | None = None  # data loader worker processes; default: 4 on GPU, 0 on CPU (steps use every core)
     output: str | None = None  # default: runs/<run_name>
     group: str = "adhoc"  # sweep id: one wandb dashboard per group
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
@@ -277,6 +278,10 @@ def resolve(
         )
     if run.profile and run.profile_steps < 1:
         raise ConfigError(f"--profile-steps {run.profile_steps}: must be >= 1 (extra steps after warm-up)")
+    if run.num_workers is None:
+        run.num_workers = 4 if run.accelerator == "gpu" else 0
+    if run.num_workers < 0:
+        raise ConfigError(f"--num-workers {run.num_workers}: must be >= 0 (0: batches made in the main process)")
     if run.sync_debug and run.accelerator != "gpu":
         raise ConfigError("--sync-debug: torch's sync debug mode watches CUDA calls (drop it, or run on a GPU)")
     if run.idle_probe_every == 1 or run.idle_probe_every < 0:

@@ -10,7 +10,7 @@ process with batch_size 2.
 import dataclasses
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from flux_cp.config import DataConfig, ModelConfig
 
@@ -46,7 +46,9 @@ class SyntheticFlow(IterableDataset):
     def __iter__(self):
         b = self.data.batch_size
         whole = dataclasses.replace(self.data, batch_size=b * self.dp)  # the global batch
-        for i in range(self.steps):
+        worker = get_worker_info()  # loader worker k of n makes steps k, k + n, ...: the loader takes them in turn
+        k, n = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        for i in range(k, self.steps, n):
             batch = make_batch(whole, self.model, i)
             # this dp rank's samples; contiguous copies, so that a worker sends (and the loader pins) only those
             yield {k: v[self.dp_rank * b : (self.dp_rank + 1) * b].to(self.dtype, copy=True) for k, v in batch.items()}
@@ -55,12 +57,12 @@ class SyntheticFlow(IterableDataset):
         return self.steps
 
 
-def make_loader(data: DataConfig, model: ModelConfig, steps: int, dp_rank: int, dp: int, gpu: bool,
+def make_loader(data: DataConfig, model: ModelConfig, steps: int, dp_rank: int, dp: int, workers: int, pin: bool,
                 dtype: torch.dtype = torch.float32) -> DataLoader:
-    """On GPU, one worker process makes the batches and a thread pins them: generating a batch takes ~10 ms
-    of CPU (Flux's 512 x 4096 text embeddings), which in the main process would pace a short step (and is
-    not the per-rank work being measured); from pinned memory Lightning's non_blocking copy is asynchronous,
-    while from pageable memory CUDA syncs the stream first, draining the device at every step start
-    (docs/results/2026-12-03-h200-zero.md). On CPU the steps use every core: batches come in line."""
-    return DataLoader(SyntheticFlow(data, model, steps, dp_rank, dp, dtype), batch_size=None, pin_memory=gpu,
-                      num_workers=1 if gpu else 0)
+    """Worker processes make the batches (on GPU by default: one batch is ~10-30 ms of CPU, mostly Flux's
+    512 x 4096 text embeddings, which in the main process, or in too few workers, would pace a short step;
+    measured on an H200 at W=8: a 28 ms loop around a 9 ms step with one worker). Batches come in step order.
+    pin: from pinned memory Lightning's non_blocking copy is asynchronous; from pageable memory CUDA syncs
+    the stream first, draining the device at every step start (docs/results/2026-12-03-h200-zero.md)."""
+    return DataLoader(SyntheticFlow(data, model, steps, dp_rank, dp, dtype), batch_size=None, pin_memory=pin,
+                      num_workers=workers)

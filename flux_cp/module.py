@@ -34,8 +34,8 @@ class FluxCPModule(L.LightningModule):
         run = self.cfg.run
         n = run.warmup_steps + (run.profile_steps if run.profile else 0) + run.steps
         dp_rank = self.global_rank // run.cp_degree  # cp is the mesh's inner dim
-        return make_loader(self.cfg.data, self.cfg.model, n, dp_rank, run.dp, gpu=run.accelerator == "gpu",
-                           dtype=DTYPES[run.precision])
+        return make_loader(self.cfg.data, self.cfg.model, n, dp_rank, run.dp, workers=run.num_workers,
+                           pin=run.accelerator == "gpu", dtype=DTYPES[run.precision])
 
     def configure_model(self):
         if self.mesh is not None:  # Lightning may call this hook more than once

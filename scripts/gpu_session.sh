@@ -146,6 +146,14 @@ scope() {
   tb sim8-ulysses-zero-ro-profile --simulate-world 8 --cp ulysses --weights zero $RO --steps 10 --profile true \
     --wandb-mode disabled
 }
+# Issue 6, eighth pass: batches from 4 loader workers (one could not keep up with W=8's step), whole-model graphs.
+workers() {
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k sync 2>&1 | tail -3
+  for w in 1 2 8; do
+    if [ $w = 1 ]; then sim="--cp none"; else sim="--simulate-world $w --cp ulysses --weights zero"; fi
+    tb w$w-ro-model-workers $sim --compile-scope model $RO $Z
+  done
+}
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
 }

@@ -1,5 +1,3 @@
-import warnings
-
 import torch
 
 from flux_cp.config import DataConfig, ModelConfig
@@ -64,16 +62,14 @@ def test_sdpa_backend_pins():
     assert make_strategy("allgather-kv", 0, 1, torch.device("cpu")).sdpa_backend == "auto"
 
 
-def test_gpu_loader_worker_yields_the_same_batches():
-    """The GPU loader makes batches in a worker process: same batches, same order, as made in line (dp rank 1
-    of 2 here, so the worker also takes the right samples)."""
+def test_loader_workers_yield_the_same_batches_in_order():
+    """Worker processes (the GPU default) make the same batches as the main process, in step order (dp rank 1
+    of 2 here, so the workers also take the right samples)."""
     data, model = DataConfig(image_height=4, image_width=4, text_tokens=4, batch_size=1), ModelConfig(
         num_heads=2, head_dim=8, text_dim=16, pooled_dim=8, rope_axes=[2, 2, 4], in_channels=4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # no GPU here: pin_memory is skipped, with a warning
-        got = list(make_loader(data, model, 5, dp_rank=1, dp=2, gpu=True))
-    want = list(make_loader(data, model, 5, dp_rank=1, dp=2, gpu=False))
-    assert len(got) == len(want) == 5
+    got = list(make_loader(data, model, 7, dp_rank=1, dp=2, workers=3, pin=False))
+    want = list(make_loader(data, model, 7, dp_rank=1, dp=2, workers=0, pin=False))
+    assert len(got) == len(want) == 7
     for a, b in zip(got, want):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(got[0]["x_t"], got[1]["x_t"])
