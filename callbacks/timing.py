@@ -12,7 +12,8 @@ profiled steps (--profile: extra steps right after warm-up, slowed by the profil
 Each measured step has a kind (`step_kind`), the same on every rank:
 - "timed": op regions on -> step_ms, host_ms, sdpa_*/qkv_gemm_* (the normal step), and the loop's
   pace: loop_ms (host wall time from this step's start to the next's: data loading included, unlike
-  step_ms) and host_wait_ms (time the host waited for the device; ~0 when the host sets the pace);
+  step_ms), host_wait_ms (time the host waited for the device; ~0 when the host sets the pace), data_ms
+  and transfer_ms (host time getting the next batch from the loader, then copying it to the device);
 - "plain": regions off -> step_ms/host_ms when --timing false; with --timing-ab (instrumentation
   overhead, alternating in one process) every other step is plain -> step_untimed_ms;
 - "probe" (CUDA, every --idle-probe-every'th step): the host runs ahead of the device ->
@@ -57,6 +58,8 @@ class OpTimingCallback(Callback):
         self._pending: list[tuple] = []  # finished steps not read yet: (batch_idx, kind, step, loss)
         self._group = None  # gloo group for the per-step gather (None: one rank)
         self._t0 = 0.0
+        self._t_end = 0.0  # when the last step's hooks ended (host clock)
+        self._between: dict[str, float] = {}  # this step's data_ms, transfer_ms
 
     def step_kind(self, batch_idx: int, cuda: bool, timing: bool) -> str:
         j = batch_idx - self.skip  # index among measured steps
@@ -81,15 +84,24 @@ class OpTimingCallback(Callback):
         timer = pl_module.timer
         kind = self._kind = self.step_kind(batch_idx, timer.cuda, timer.enabled)
         probe_ms = 1.5 * self._host_ms + 2.0 if kind == "probe" else 0.0  # longer than the host needs to issue
+        # The host's time between the last step's hooks and this one: the loader's next batch, then Lightning's
+        # copy to the device (the module stamps both hooks), as torchtitan's data_loading time.
+        marks = getattr(pl_module, "batch_marks", {})
+        self._between = {}
+        if self._t_end and marks.get("fetched", 0) > self._t_end:
+            self._between = {"data_ms": (marks["fetched"] - self._t_end) * 1e3,
+                             "transfer_ms": (marks["transferred"] - marks["fetched"]) * 1e3}
         timer.start_step(regions=kind == "timed", probe_ms=probe_ms)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._pending.append((batch_idx, self._kind, pl_module.timer.end_step(), outputs["loss"].detach()))
+        step = pl_module.timer.end_step() | {"between": self._between}
+        self._pending.append((batch_idx, self._kind, step, outputs["loss"].detach()))
         # measured steps one step late; warm-up and profiled steps at once (the profiler reads `last` for the
         # step it traced, and those steps are out of the statistics anyway)
         lag = 1 if batch_idx >= self.skip else 0
         while self._pending and self._pending[0][0] <= batch_idx - lag:
             self._read_step(trainer, pl_module, *self._pending.pop(0))
+        self._t_end = time.perf_counter()
 
     def _read_step(self, trainer, pl_module, batch_idx, kind, step, loss, collective: bool = True):
         with sync_allowed(pl_module.timer.cuda):  # waits on a finished step: not a stall of the loop
@@ -98,6 +110,7 @@ class OpTimingCallback(Callback):
         self._host_ms = local["host_ms"]
         if self._pending:  # the next step has started: the loop's period, as the host sees it
             local["loop_ms"] = (self._pending[0][2]["host0"] - step["host0"]) * 1e3
+        local |= step["between"]
         local = self.last = self._figures(kind, local, pl_module.timer.enabled)
         keys = sorted(local)  # same on every rank: the kind and the steps started are
         every = self._gather([local[k] for k in keys] + [loss], collective)  # (W, M + 1)

@@ -5,6 +5,7 @@ forward AND backward) wraps both passes of the step. Weights are replicated (DDP
 ZeRO-sharded optimizer state) or sharded (FSDP2) over all dp x cp ranks of the (dp, cp) mesh: see flux_cp.mesh.
 """
 
+import time
 from pathlib import Path
 
 import lightning as L
@@ -74,6 +75,15 @@ class FluxCPModule(L.LightningModule):
         txt = shard(text_ids(data.text_tokens), 0, *self.split)
         img = shard(image_ids(data.image_height, data.image_width), 0, *self.split)
         self.rope = self.model.rope(txt.to(self.device), img.to(self.device))  # (cos, sin), (S_l, head_dim)
+
+    # Host clock stamps around Lightning's copy of the batch to the device (the timing callback's data_ms, transfer_ms)
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        self.batch_marks = {"fetched": time.perf_counter()}
+        return batch
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        self.batch_marks["transferred"] = time.perf_counter()
+        return batch
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()

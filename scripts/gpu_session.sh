@@ -154,6 +154,12 @@ workers() {
     tb w$w-ro-model-workers $sim --compile-scope model $RO $Z
   done
 }
+# Issue 6, ninth pass: where the loop's host time goes between steps (data_ms, transfer_ms).
+between_w1() { tb w1-none-between --cp none --steps 10 --warmup-steps 2 --wandb-mode disabled; }
+between_w8() {
+  tb w8-ro-model-between --simulate-world 8 --cp ulysses --weights zero --compile-scope model $RO --steps 12 \
+    --wandb-mode disabled
+}
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
 }

@@ -167,7 +167,8 @@ def print_summary(d: dict, path: Path) -> None:
     table = Table(title=f"{d['run_name']}  ({d['env']['device']}, {d['metrics'].get('step_ms', {}).get('n', 0)} steps)")
     for col in ("metric", "median", "min", "max", "rank max (median)"):
         table.add_column(col, justify="right" if col != "metric" else "left")
-    first = ["step_ms", "host_ms", "device_busy_ms", "loop_ms", "host_wait_ms", "step_untimed_ms"]  # step, then parts
+    first = ["step_ms", "host_ms", "device_busy_ms", "loop_ms", "host_wait_ms", "data_ms", "transfer_ms",
+             "step_untimed_ms"]  # the step, then its parts
 
     def order(name: str):
         return (0, first.index(name)) if name in first else (1, name)

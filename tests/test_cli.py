@@ -34,7 +34,8 @@ def test_timing_off_keeps_step_metrics_only(tmp_path):
     r = bench("--config", TINY, "--timing", "false", "--wandb-mode", "disabled", "--output", tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads((tmp_path / "summary.json").read_text())
-    assert set(d["metrics"]) == {"step_ms", "host_ms", "loop_ms", "host_wait_ms"}
+    assert set(d["metrics"]) == {"step_ms", "host_ms", "loop_ms", "host_wait_ms", "data_ms", "transfer_ms"}
+    assert d["metrics"]["data_ms"]["median"] > 0  # the next batch is made between steps (no workers on CPU)
     # the loop's period holds the step and the batch made between steps (on CPU ops run in line)
     assert d["metrics"]["loop_ms"]["median"] > d["metrics"]["step_ms"]["median"]
     assert d["metrics"]["loop_ms"]["n"] == d["metrics"]["step_ms"]["n"] - 1  # the last step has no next one
