@@ -86,7 +86,7 @@ class OpTimingCallback(Callback):
         probe_ms = 1.5 * self._host_ms + 2.0 if kind == "probe" else 0.0  # longer than the host needs to issue
         # The host's time between the last step's hooks and this one: the loader's next batch, then Lightning's
         # copy to the device (the module stamps both hooks), as torchtitan's data_loading time.
-        marks = getattr(pl_module, "batch_marks", {})
+        marks = pl_module.batch_marks
         self._between = {}
         if self._t_end and marks.get("fetched", 0) > self._t_end:
             self._between = {"data_ms": (marks["fetched"] - self._t_end) * 1e3,

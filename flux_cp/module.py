@@ -30,6 +30,7 @@ class FluxCPModule(L.LightningModule):
         self.strategy = None  # set in on_fit_start, once ranks and devices are known
         self.mesh = None  # (dp, cp) DeviceMesh, set in configure_model
         self.timer = StepTimer(cuda=False, enabled=False)
+        self.batch_marks: dict[str, float] = {}  # host clock around the batch's copy to the device, this step
 
     def train_dataloader(self):
         run = self.cfg.run

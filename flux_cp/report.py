@@ -137,7 +137,8 @@ def config_key(d: dict) -> dict:
         "seq_len": data["image_height"] * data["image_width"] + data["text_tokens"],
         "batch": data["batch_size"],
         "precision": run["precision"],
-        "compile": (comp.get("mode") or "default") if comp.get("enabled") else "off",
+        "compile": ((comp.get("mode") or "default") + ("" if comp.get("scope", "blocks") == "blocks" else
+                                                        f", {comp['scope']}")) if comp.get("enabled") else "off",
         "sdpa_backend": d.get("sdpa_backend") or run.get("sdpa_backend", "auto"),
         "timing": run.get("timing", True),
         # FSDP adds all-gathers / reduce-scatters; ZeRO-1 is DDP with a sharded optimizer (the strategy label
