@@ -389,6 +389,9 @@ def analyse_row(run: Run, W: int, link_gbps: float) -> dict:
     return {
         "run": run.name, "path": str(run.path), "W": W, "world_size": d["world_size"], "simulated": run.simulated,
         "cp": d["cp"], "step_ms": step, "host_ms": run.metric("host_ms"),
+        # the loop's period on the host (data loading and hooks between steps included): what a user's wall
+        # clock sees; older summaries lack it
+        "loop_ms": run.metric("loop_ms"),
         # a simulated split measures compute only: add the communication it would need
         "projected_step_ms": step + parts["comm_kv"] + parts["comm_grad"] if run.simulated else step,
         "step_rank_spread_ms": step_m.get("rank_max_median", step) - step_m.get("rank_min_median", step),
@@ -417,7 +420,8 @@ def analyse(config: Config, iso: list[dict], link_gbps: float) -> None:
             a["verdict"] = _verdict(config, a, None)
             continue
         a["speedup"] = {"step": _ratio(base["step_ms"], a["step_ms"]),
-                        "projected_step": _ratio(base["step_ms"], a["projected_step_ms"])}
+                        "projected_step": _ratio(base["step_ms"], a["projected_step_ms"]),
+                        "loop": None if a["simulated"] else _ratio(base["loop_ms"], a["loop_ms"])}
         a["speedup_instep"] = {op: _ratio(base["regions_ms"][op], a["regions_ms"][op]) for op in OPS}
         a["speedup_isolated"] = {op: _ratio(base["isolated_call_ms"].get(op), a["isolated_call_ms"].get(op))
                                  for op in OPS}
@@ -477,6 +481,9 @@ def _verdict(config: Config, a: dict, base: dict | None) -> str:
             out.append(f"isolated op speedups with the rest ideal predict {iso:.2f}x")
     if a["idle_frac"] is not None and a["idle_frac"] >= 0.2:
         out.append(f"host bound at W={W}: device idle {a['idle_frac']:.0%} of the step")
+    if a["loop_ms"] and a["loop_ms"] > 1.1 * a["step_ms"]:
+        out.append(f"the loop is slower than the step: {a['loop_ms']:.3g} ms per iteration for a "
+                   f"{a['step_ms']:.3g} ms step (host time between steps: data loading, hooks)")
     comm = a["parts_ms"]["comm_kv"] + a["parts_ms"]["comm_grad"]
     total = sum(a["parts_ms"].values())
     if W > 1 and total and comm / total >= 0.1:
@@ -621,15 +628,16 @@ def _pct(x) -> str:
 def tables(c: Config) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of one configuration."""
     out = []
-    hdr = ["W", "run", "step ms", "speedup", "ideal", "Amdahl (compute)", "isolated ops + rest/W", "residual ms",
-           "residual is", "comm source"]
+    hdr = ["W", "run", "step ms", "speedup", "loop ms", "loop speedup", "ideal", "Amdahl (compute)",
+           "isolated ops + rest/W", "residual ms", "residual is", "comm source"]
     rows = []
     for r in c.rows:
         a, am = r.a, r.a.get("amdahl", {})
         res = am.get("residual") or {}
         named = am.get("residual_named")
         rows.append([f"{r.W}" + (" (baseline)" if r.baseline else "") + (" sim" if a["simulated"] else ""), a["run"],
-                     _f(a["step_ms"]), _f((a.get("speedup") or {}).get("projected_step"), 3, "x"), str(r.W),
+                     _f(a["step_ms"]), _f((a.get("speedup") or {}).get("projected_step"), 3, "x"),
+                     _f(a["loop_ms"]), _f((a.get("speedup") or {}).get("loop"), 3, "x"), str(r.W),
                      _f(am.get("predicted_speedup"), 3, "x"), _f(am.get("isolated_predicted_speedup"), 3, "x"),
                      _f(am.get("residual_ms")),
                      f"{named} ({', '.join(f'{k} {v:.3g}' for k, v in res.items())} ms)" if named else "-",

@@ -111,6 +111,8 @@ def test_numbers_equal_those_from_the_summaries(built):
     assert base["baseline"] and base["run"] == t1["run_name"] and row["run"] == t2["run_name"] and row["W"] == 2
     # speedups: step and each op in-step (train runs), isolated (ops runs, corrected method)
     assert row["speedup"]["step"] == pytest.approx(med(t1, "step_ms") / med(t2, "step_ms"), rel=1e-12)
+    assert row["loop_ms"] == med(t2, "loop_ms")  # the loop's period, as the user's wall clock sees it
+    assert row["speedup"]["loop"] == pytest.approx(med(t1, "loop_ms") / med(t2, "loop_ms"), rel=1e-12)
     for op in OPS:
         assert row["speedup_instep"][op] == pytest.approx(med(t1, f"{op}_ms") / med(t2, f"{op}_ms"), rel=1e-12)
         assert row["speedup_isolated"][op] == pytest.approx(ISO[1][op] / ISO[2][op], rel=1e-12)
