@@ -13,7 +13,8 @@ Each measured step has a kind (`step_kind`), the same on every rank:
 - "timed": op regions on -> step_ms, host_ms, sdpa_*/qkv_gemm_* (the normal step), and the loop's
   pace: loop_ms (host wall time from this step's start to the next's: data loading included, unlike
   step_ms), host_wait_ms (time the host waited for the device; ~0 when the host sets the pace), data_ms
-  and transfer_ms (host time getting the next batch from the loader, then copying it to the device);
+  (host time from the end of this callback's hooks of the last step to the batch leaving the loader: the
+  loader's wait and the loop's other hooks) and transfer_ms (Lightning's copy of the batch to the device);
 - "plain": regions off -> step_ms/host_ms when --timing false; with --timing-ab (instrumentation
   overhead, alternating in one process) every other step is plain -> step_untimed_ms;
 - "probe" (CUDA, every --idle-probe-every'th step): the host runs ahead of the device ->

@@ -46,9 +46,9 @@ class SyntheticFlow(IterableDataset):
     def __iter__(self):
         b = self.data.batch_size
         whole = dataclasses.replace(self.data, batch_size=b * self.dp)  # the global batch
-        worker = get_worker_info()  # loader worker k of n makes steps k, k + n, ...: the loader takes them in turn
-        k, n = (worker.id, worker.num_workers) if worker is not None else (0, 1)
-        for i in range(k, self.steps, n):
+        worker = get_worker_info()  # loader worker j of n makes steps j, j + n, ...: the loader takes them in turn
+        first, every = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        for i in range(first, self.steps, every):
             batch = make_batch(whole, self.model, i)
             # this dp rank's samples; contiguous copies, so that a worker sends (and the loader pins) only those
             yield {k: v[self.dp_rank * b : (self.dp_rank + 1) * b].to(self.dtype, copy=True) for k, v in batch.items()}
