@@ -93,6 +93,9 @@ class RunConfig:
     # blocks: each block on its own (torchtitan's way); model: one graph for the whole forward (and one CUDA graph
     # per pass under reduce-overhead), fewer host launches where the per-rank step is short
     compile_scope: Literal["blocks", "model"] = "blocks"
+    # the AdaLN modulation linears (conditioning vector -> shifts, scales, gates: a cost that does not shrink with
+    # the tokens a rank holds) split over the CP group by output features, one all-gather each (flux_cp.parallel)
+    split_conditioning: bool = False
     # > 1: one process runs the per-rank compute of a W-way split (no communication); --ops-only takes a list
     simulate_world: int | list[int] | str = 1
     sync_debug: bool = False  # CUDA: count the loop's synchronizing calls by call site (torch's sync debug mode)
@@ -295,6 +298,11 @@ def resolve(
                 f"separately: pick sizes divisible by {w}, or another --devices / --cp-degree)"
             )
     _check_heads(model, run.cp, w, f"the CP degree {w}", "use a --cp-degree")
+    if run.split_conditioning and (2 * model.hidden) % w + (3 * model.hidden) % w:
+        raise ConfigError(
+            f"--split-conditioning: the modulation linears' widths (2, 3 and 6 x hidden {model.hidden}) must divide "
+            f"by the CP degree {w} (pick a CP degree dividing {2 * model.hidden} and {3 * model.hidden}, or drop it)"
+        )
     return cfg
 
 
@@ -394,7 +402,7 @@ def run_name(cfg: BenchConfig, mode: str = "train") -> str:
         return f"ops-{w}-{run.cp}-s{run.seq_lens[0]}"
     w = f"W{run.simulate_world}sim" if run.simulate_world > 1 else f"W{run.world_size}"
     dp = f"-dp{run.dp}" if run.dp > 1 else ""
-    fsdp = "" if run.weights == "ddp" else f"-{run.weights}"
+    fsdp = ("" if run.weights == "ddp" else f"-{run.weights}") + ("-splitcond" if run.split_conditioning else "")
     compiled = ""
     if run.compile:
         compiled = "-compiled" + ("" if run.compile_mode == "default" else f"-{run.compile_mode}")

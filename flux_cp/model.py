@@ -50,6 +50,11 @@ class FluxDiT(nn.Module):
         """Every FluxAttention, in forward order: where a CP strategy plugs in."""
         return [blk.attn for blk in (*self.double_blocks, *self.single_blocks)]
 
+    def conditioning_linears(self):
+        """The AdaLN modulation linears: (B, D) conditioning vector -> per-block shifts, scales and gates."""
+        blocks = [(b.norm1, b.norm1_context) for b in self.double_blocks] + [(b.norm,) for b in self.single_blocks]
+        return [n.linear for norms in blocks for n in norms] + [self.norm_out.linear]
+
     def rope(self, txt_ids: torch.Tensor, img_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin), each (St + Si, head_dim): text first, as Flux concatenates [text, image]."""
         return self.pos_embed(torch.cat([txt_ids, img_ids], dim=0))

@@ -16,7 +16,7 @@ from flux_cp.config import BenchConfig
 from flux_cp.data import DTYPES, make_loader
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, optimizer_numel, shard_weights
 from flux_cp.model import FluxDiT, image_ids, text_ids
-from flux_cp.parallel import apply_cp, make_strategy, shard
+from flux_cp.parallel import apply_cp, make_strategy, shard, split_conditioning
 from flux_cp.timing import StepTimer
 
 
@@ -64,6 +64,8 @@ class FluxCPModule(L.LightningModule):
             mesh=cp_mesh,
         )
         apply_cp(self.model, self.strategy, self.timer)
+        if run.split_conditioning:
+            split_conditioning(self.model, self.strategy, run.simulate_world)
         if run.compile:  # the attention processor (and its collectives) is traced with the blocks
             mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
             scope = [self.model] if run.compile_scope == "model" else [*self.model.double_blocks,

@@ -21,6 +21,7 @@ does not depend on the order the keys arrive in; only each token's own angle mat
 """
 
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
@@ -340,3 +341,59 @@ def apply_cp(model, strategy: CPStrategy, timer: StepTimer | None = None) -> Non
     """Install the CP attention processor on every attention of the model."""
     for attn in model.attentions():
         attn.set_processor(CPAttnProcessor(strategy, timer))
+
+
+# ---------------------------------------------------------------- the conditioning path, split over the CP group
+
+
+class _SplitFeaturesLinear(torch.autograd.Function):
+    """y = x W^T + b for a conditioning vector x (B, D) that every CP rank holds alike: each rank computes
+    1/W of the output features, one all-gather joins them. Backward: a reduce-scatter sums the ranks'
+    gradients of the rank's features (their local losses differ) -> its slice of dW, db; the rest of dW, db
+    stays zero (DDP's average over ranks then gives the mean gradient, as for every other weight). dx is the
+    same on every rank: all-reduced, / W, the gradient of the mean loss (DDP's average leaves it so)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, world, rank):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.world, ctx.rank = group, world, rank
+        y = F.linear(x, weight.chunk(world)[rank], bias.chunk(world)[rank])  # (B, F/W)
+        b = y.shape[0]
+        out = y.new_empty((world * b, y.shape[1]))  # collectives concatenate along dim 0
+        _all_gather_single(out, y.contiguous(), group=group)
+        return out.view(world, b, -1).transpose(0, 1).reshape(b, -1)  # (W, B, F/W), rank r's features -> (B, F)
+
+    @staticmethod
+    def backward(ctx, g):  # g (B, F): the gradient of this rank's local loss
+        x, weight = ctx.saved_tensors
+        world, rank = ctx.world, ctx.rank
+        b, f = g.shape
+        send = g.reshape(b, world, f // world).transpose(0, 1).reshape(world * b, -1)  # (W * B, F/W): chunk j -> rank j
+        mine = send.new_empty((b, f // world))
+        _reduce_scatter_single(mine, send, group=ctx.group)  # (B, F/W): summed over the ranks' losses
+        dw, db = torch.zeros_like(weight), weight.new_zeros(f)
+        dw.chunk(world)[rank].copy_(mine.t() @ x)  # (F/W, D)
+        db.chunk(world)[rank].copy_(mine.sum(0))
+        dx = mine @ weight.chunk(world)[rank]  # (B, D): this slice's share of the summed gradient
+        dist.all_reduce(dx, group=ctx.group)
+        return dx / world, dw, db, None, None, None
+
+
+def _split_forward(lin, group, world, rank, x):
+    return _SplitFeaturesLinear.apply(x, lin.weight, lin.bias, group, world, rank)
+
+
+def _simulated_split_forward(lin, world, x):
+    """Rank 0's share of a `world`-way split, without the collectives: its features, repeated to full width
+    (values for timing only); backward computes its slice of dW and a zero-filled rest, as a real rank does."""
+    return F.linear(x, lin.weight.chunk(world)[0], lin.bias.chunk(world)[0]).repeat(1, world)
+
+
+def split_conditioning(model, strategy: CPStrategy, simulate_world: int = 1) -> None:
+    """Split the AdaLN modulation linears (the conditioning path: its cost does not shrink with the tokens a rank
+    holds) over the CP group, from outside the model: each linear's forward is replaced, its parameters kept."""
+    for lin in model.conditioning_linears():
+        if simulate_world > 1:
+            lin.forward = functools.partial(_simulated_split_forward, lin, simulate_world)
+        elif strategy.world > 1:
+            lin.forward = functools.partial(_split_forward, lin, strategy.group, strategy.world, strategy.rank)

@@ -152,7 +152,8 @@ def strategy_label(d: dict) -> str:
     if cp == "torch":
         cp += f"({d['config']['run'].get('rotate', 'allgather')})"
     zero = " zero" if d.get("weights") == "zero" else ""  # AdamW state sharded over the W ranks
-    return cp + zero + (" simulated" if d.get("simulate_world") else "")
+    split = " split-cond" if d["config"]["run"].get("split_conditioning") else ""  # AdaLN linears split over W
+    return cp + zero + split + (" simulated" if d.get("simulate_world") else "")
 
 
 @dataclass

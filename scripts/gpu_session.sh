@@ -160,6 +160,13 @@ between_w8() {
   tb w8-ro-model-between --simulate-world 8 --cp ulysses --weights zero --compile-scope model $RO --steps 12 \
     --wandb-mode disabled
 }
+# Issue 6, tenth pass (not run yet): the conditioning path split over CP ranks, at simulated W = 2 and 8.
+split_cond() {
+  for w in 1 2 8; do
+    if [ $w = 1 ]; then sim="--cp none"; else sim="--simulate-world $w --cp ulysses --weights zero --split-conditioning true"; fi
+    tb w$w-ro-model-split $sim --compile-scope model $RO $Z
+  done
+}
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
 }

@@ -56,6 +56,7 @@ BAD = [
     (["--compile", "true", "--warmup-steps", 1], "--warmup-steps 1: --compile"),
     (["--profile", "true", "--profile-steps", 0], "--profile-steps 0"),
     (["--sync-debug"], "--sync-debug: torch's sync debug mode watches CUDA calls"),
+    (["--devices", 3, "--split-conditioning", "true"], "--split-conditioning: the modulation linears' widths"),
 ]
 
 

@@ -35,6 +35,17 @@ def test_cp_matches_single_process(reference, tmp_path_factory, devices, cp):
         torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-5 * g.abs().max().item(), msg=name)
 
 
+@pytest.mark.parametrize(("devices", "cp"), [(2, "ulysses"), (4, "allgather-kv")])
+def test_split_conditioning_matches_single_process(reference, tmp_path_factory, devices, cp):
+    """--split-conditioning: each rank computes 1/W of the AdaLN modulation features; same losses and gradients."""
+    ref, ref_grads = reference
+    got, grads = _run(tmp_path_factory, devices, cp, "--split-conditioning", "true")
+    assert got["config"]["run"]["split_conditioning"] and got["run_name"].endswith("-splitcond-s144")
+    torch.testing.assert_close(torch.tensor(got["loss"]), torch.tensor(ref["loss"]), rtol=1e-5, atol=0)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-5 * g.abs().max().item(), msg=name)
+
+
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_compiled_matches_eager(reference, tmp_path_factory, scope):
     """--compile (aot_eager on CPU: the graph capture and autograd; inductor is exercised on the GPU), block by
