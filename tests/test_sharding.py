@@ -73,3 +73,15 @@ def test_loader_workers_yield_the_same_batches_in_order():
     for a, b in zip(got, want):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(got[0]["x_t"], got[1]["x_t"])
+
+
+def test_batches_come_in_the_runs_dtype():
+    """Batches leave the loader in the run's dtype (Lightning's precision plugin would otherwise cast them on the
+    host between steps), with the fp32 batch's values: the same data at every precision."""
+    data, model = DataConfig(image_height=4, image_width=4, text_tokens=4), ModelConfig(
+        num_heads=2, head_dim=8, text_dim=16, pooled_dim=8, rope_axes=[2, 2, 4], in_channels=4)
+    (bf16,) = make_loader(data, model, 1, dp_rank=0, dp=1, workers=0, pin=False, dtype=torch.bfloat16)
+    (fp32,) = make_loader(data, model, 1, dp_rank=0, dp=1, workers=0, pin=False)
+    for k, v in fp32.items():
+        assert v.dtype == torch.float32 and bf16[k].dtype == torch.bfloat16
+        assert torch.equal(bf16[k], v.to(torch.bfloat16))
