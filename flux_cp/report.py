@@ -422,6 +422,7 @@ def analyse(config: Config, iso: list[dict], link_gbps: float) -> None:
             continue
         a["speedup"] = {"step": _ratio(base["step_ms"], a["step_ms"]),
                         "projected_step": _ratio(base["step_ms"], a["projected_step_ms"]),
+                        # a simulated loop lacks the communication the projected step adds: no loop speedup
                         "loop": None if a["simulated"] else _ratio(base["loop_ms"], a["loop_ms"])}
         a["speedup_instep"] = {op: _ratio(base["regions_ms"][op], a["regions_ms"][op]) for op in OPS}
         a["speedup_isolated"] = {op: _ratio(base["isolated_call_ms"].get(op), a["isolated_call_ms"].get(op))

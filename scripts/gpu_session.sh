@@ -122,8 +122,15 @@ pinned() {
 }
 # Issue 6, sixth pass: where the loop still waits (--sync-debug), the loader in a worker (loop_ms), and the
 # Ulysses simulation with the real layout copies instead of a head slice.
+sync_test() { python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k sync 2>&1 | tail -30; }
+# W = 1 (--cp none) and simulated W = 2, 8 (Ulysses, ZeRO), whole model in one CUDA graph: ro_model NAME [W > 1 flags]
+ro_model() {
+  local name=$1; shift
+  tb w1-$name --cp none --compile-scope model $RO $Z
+  for w in 2 8; do tb w$w-$name --simulate-world $w --cp ulysses --weights zero "$@" --compile-scope model $RO $Z; done
+}
 syncs() {
-  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k sync 2>&1 | tail -4
+  sync_test
   tb w1-none-ro-syncs --cp none $RO --steps 12 --sync-debug true --wandb-mode disabled
   tb sim8-ulysses-zero-ro-syncs --simulate-world 8 --cp ulysses --weights zero $RO --steps 12 --sync-debug true \
     --wandb-mode disabled
@@ -137,23 +144,14 @@ layout() {
 # Issue 6, seventh pass: batches handed out in the run's dtype (no host casts between steps); the whole model
 # in one graph (--compile-scope model) against per-block graphs; a profiled reduce-overhead step at W=8.
 scope() {
-  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k sync 2>&1 | tail -30
+  sync_test
   pinned_min
-  for w in 1 2 8; do
-    if [ $w = 1 ]; then sim="--cp none"; else sim="--simulate-world $w --cp ulysses --weights zero"; fi
-    tb w$w-ro-model $sim --compile-scope model $RO $Z
-  done
+  ro_model ro-model
   tb sim8-ulysses-zero-ro-profile --simulate-world 8 --cp ulysses --weights zero $RO --steps 10 --profile true \
     --wandb-mode disabled
 }
 # Issue 6, eighth pass: batches from 4 loader workers (one could not keep up with W=8's step), whole-model graphs.
-workers() {
-  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k sync 2>&1 | tail -3
-  for w in 1 2 8; do
-    if [ $w = 1 ]; then sim="--cp none"; else sim="--simulate-world $w --cp ulysses --weights zero"; fi
-    tb w$w-ro-model-workers $sim --compile-scope model $RO $Z
-  done
-}
+workers() { sync_test; ro_model ro-model-workers; }
 # Issue 6, ninth pass: where the loop's host time goes between steps (data_ms, transfer_ms).
 between_w1() { tb w1-none-between --cp none --steps 10 --warmup-steps 2 --wandb-mode disabled; }
 between_w8() {
@@ -161,12 +159,7 @@ between_w8() {
     --wandb-mode disabled
 }
 # Issue 6, tenth pass (not run yet): the conditioning path split over CP ranks, at simulated W = 2 and 8.
-split_cond() {
-  for w in 1 2 8; do
-    if [ $w = 1 ]; then sim="--cp none"; else sim="--simulate-world $w --cp ulysses --weights zero --split-conditioning true"; fi
-    tb w$w-ro-model-split $sim --compile-scope model $RO $Z
-  done
-}
+split_cond() { ro_model ro-model-split --split-conditioning true; }
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
 }
