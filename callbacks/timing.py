@@ -2,8 +2,9 @@
 
 Per step it opens the module's StepTimer before the step and closes it after (optimizer
 included). A measured step is read one step late, while the next step runs: the host waits for
-that step's last event only, so the device's queue never drains for the timer's sake and the
-step time is the steady-state one of a training loop that does not synchronise. Every rank's
+that step's last event only (its loss was copied to the host asynchronously right after it), so
+the device's queue never drains for the timer's sake and the step time is the steady-state one of
+a training loop that does not synchronise. Every rank's
 figures and loss are then gathered on the CPU (gloo: a device all-gather would queue behind the
 running step). Rank 0 logs them (Lightning logger API) and keeps the summary.
 Warm-up steps are run and their loss kept, but their timings stay out of the statistics; so do
@@ -96,7 +97,14 @@ class OpTimingCallback(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = pl_module.timer.end_step() | {"between": self._between}
-        self._pending.append((batch_idx, self._kind, step, outputs["loss"].detach()))
+        loss = outputs["loss"].detach()
+        if pl_module.timer.cuda:
+            # A D2H copy is stream-ordered: .item() on last step's loss would wait for all of this step's kernels
+            # (the loop then drains the device every step). Copy it now, asynchronously, to pinned host memory.
+            loss = loss.to("cpu", non_blocking=True)
+            step["loss_ready"] = torch.cuda.Event()
+            step["loss_ready"].record()
+        self._pending.append((batch_idx, self._kind, step, loss))
         # measured steps one step late; warm-up and profiled steps at once (the profiler reads `last` for the
         # step it traced, and those steps are out of the statistics anyway)
         lag = 1 if batch_idx >= self.skip else 0
@@ -107,7 +115,9 @@ class OpTimingCallback(Callback):
     def _read_step(self, trainer, pl_module, batch_idx, kind, step, loss, collective: bool = True):
         with sync_allowed(pl_module.timer.cuda):  # waits on a finished step: not a stall of the loop
             local = pl_module.timer.read(step)
-            loss = loss.item()
+            if "loss_ready" in step:
+                step["loss_ready"].synchronize()  # its copy to the host, queued right after the step's end
+        loss = loss.item()  # a host tensor on CUDA too: no wait (--sync-debug would count one)
         self._host_ms = local["host_ms"]
         if self._pending:  # the next step has started: the loop's period, as the host sees it
             local["loop_ms"] = (self._pending[0][2]["host0"] - step["host0"]) * 1e3

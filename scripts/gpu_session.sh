@@ -160,6 +160,14 @@ between_w8() {
 }
 # Issue 6, tenth pass (not run yet): the conditioning path split over CP ranks, at simulated W = 2 and 8.
 split_cond() { ro_model ro-model-split --split-conditioning true; }
+# Issue 6, eleventh pass: split conditioning against the same session's unsplit runs, interleaved per W
+# (identical runs differ by ~1 %: the A/B needs both sides in one session); data_ms / transfer_ms on GPU.
+split_ab() {
+  tb w1-ab --cp none --compile-scope model $RO $Z
+  for w in 2 8; do for s in false true; do
+    tb w$w-ab-split$s --simulate-world $w --cp ulysses --weights zero --split-conditioning $s --compile-scope model $RO $Z
+  done; done
+}
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
 }

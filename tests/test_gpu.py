@@ -96,3 +96,23 @@ def test_sync_debug_names_the_call_site(tmp_path):
     assert s["steps"] == 1 and s["per_step"] == 1, s
     assert "test_sync_debug_names_the_call_site" in s["sites"][0]["stack"][-1]
     assert torch.cuda.get_sync_debug_mode() == 0
+
+
+def test_training_loop_makes_no_synchronizing_call(tmp_path):
+    """A real GPU run under --sync-debug: no synchronizing call per measured step, the timing callback's
+    own loss read included (only its wait on a finished step's event is exempt). A loss read by .item()
+    on the device would wait for every kernel issued since, and drain the device at every step."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "scripts/train_bench.py", "--config", "configs/tiny.yaml", "--devices", "1",
+           "--steps", "6", "--warmup-steps", "2", "--sync-debug", "true", "--wandb-mode", "disabled",
+           "--output", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    syncs = json.loads((out / "summary.json").read_text())["syncs"]
+    assert syncs["steps"] == 6 and syncs["per_step"] == 0, syncs
