@@ -15,7 +15,10 @@ Each measured step has a kind (`step_kind`), the same on every rank:
   pace: loop_ms (host wall time from this step's start to the next's: data loading included, unlike
   step_ms), host_wait_ms (time the host waited for the device; ~0 when the host sets the pace), data_ms
   (host time from the end of this callback's hooks of the last step to the batch leaving the loader: the
-  loader's wait and the loop's other hooks) and transfer_ms (Lightning's copy of the batch to the device);
+  loader's wait and the loop's other hooks), transfer_ms (Lightning's copy of the batch to the device),
+  prologue_ms (from there to this step's start: Lightning's hooks) and after_ms (this callback's hook after
+  the step: reading the step before, host_wait_ms included, the gather, logging). A step's loop_ms is its
+  host_ms + after_ms and the next step's data_ms + transfer_ms + prologue_ms: the host's whole period;
 - "plain": regions off -> step_ms/host_ms when --timing false; with --timing-ab (instrumentation
   overhead, alternating in one process) every other step is plain -> step_untimed_ms;
 - "probe" (CUDA, every --idle-probe-every'th step): the host runs ahead of the device ->
@@ -57,11 +60,11 @@ class OpTimingCallback(Callback):
         self.last: dict[str, float] = {}  # this rank's figures of the last step (the profiler reads them)
         self._host_ms = 0.0  # last step's issue time: how far ahead a probe must hold the stream
         self._kind = "timed"  # this step's kind, set at its start
-        self._pending: list[tuple] = []  # finished steps not read yet: (batch_idx, kind, step, loss)
+        self._pending: list[tuple] = []  # finished steps not read yet: (batch_idx, kind, step)
         self._group = None  # gloo group for the per-step gather (None: one rank)
         self._t0 = 0.0
         self._t_end = 0.0  # when the last step's hooks ended (host clock)
-        self._between: dict[str, float] = {}  # this step's data_ms, transfer_ms
+        self._between: dict[str, float] = {}  # this step's data_ms, transfer_ms, prologue_ms
 
     def step_kind(self, batch_idx: int, cuda: bool, timing: bool) -> str:
         j = batch_idx - self.skip  # index among measured steps
@@ -92,36 +95,29 @@ class OpTimingCallback(Callback):
         self._between = {}
         if self._t_end and marks.get("fetched", 0) > self._t_end:
             self._between = {"data_ms": (marks["fetched"] - self._t_end) * 1e3,
-                             "transfer_ms": (marks["transferred"] - marks["fetched"]) * 1e3}
+                             "transfer_ms": (marks["transferred"] - marks["fetched"]) * 1e3,
+                             "prologue_ms": (time.perf_counter() - marks["transferred"]) * 1e3}
         timer.start_step(regions=kind == "timed", probe_ms=probe_ms)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = pl_module.timer.end_step() | {"between": self._between}
-        loss = outputs["loss"].detach()
-        if pl_module.timer.cuda:
-            # A D2H copy is stream-ordered: .item() on last step's loss would wait for all of this step's kernels
-            # (the loop then drains the device every step). Copy it now, asynchronously, to pinned host memory.
-            loss = loss.to("cpu", non_blocking=True)
-            step["loss_ready"] = torch.cuda.Event()
-            step["loss_ready"].record()
-        self._pending.append((batch_idx, self._kind, step, loss))
+        step = pl_module.timer.end_step(outputs["loss"]) | {"between": self._between}
+        self._pending.append((batch_idx, self._kind, step))
         # measured steps one step late; warm-up and profiled steps at once (the profiler reads `last` for the
         # step it traced, and those steps are out of the statistics anyway)
         lag = 1 if batch_idx >= self.skip else 0
         while self._pending and self._pending[0][0] <= batch_idx - lag:
             self._read_step(trainer, pl_module, *self._pending.pop(0))
         self._t_end = time.perf_counter()
+        step["after_ms"] = (self._t_end - step["host1"]) * 1e3  # this hook after the step: reads, gather, logging
 
-    def _read_step(self, trainer, pl_module, batch_idx, kind, step, loss, collective: bool = True):
+    def _read_step(self, trainer, pl_module, batch_idx, kind, step, collective: bool = True):
         with sync_allowed(pl_module.timer.cuda):  # waits on a finished step: not a stall of the loop
             local = pl_module.timer.read(step)
-            if "loss_ready" in step:
-                step["loss_ready"].synchronize()  # its copy to the host, queued right after the step's end
-        loss = loss.item()  # a host tensor on CUDA too: no wait (--sync-debug would count one)
+        loss = local.pop("loss")
         self._host_ms = local["host_ms"]
         if self._pending:  # the next step has started: the loop's period, as the host sees it
             local["loop_ms"] = (self._pending[0][2]["host0"] - step["host0"]) * 1e3
-        local |= step["between"]
+        local |= step["between"] | ({"after_ms": step["after_ms"]} if "after_ms" in step else {})
         local = self.last = self._figures(kind, local, pl_module.timer.enabled)
         keys = sorted(local)  # same on every rank: the kind and the steps started are
         every = self._gather([local[k] for k in keys] + [loss], collective)  # (W, M + 1)

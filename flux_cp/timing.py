@@ -197,9 +197,18 @@ class StepTimer:
             hold_stream(probe_ms)
         self._step = {"host0": host0, "dev0": self.clock.stamp()}
 
-    def end_step(self) -> dict:
-        """Close the step; its figures come from read(step), which may wait until a later step is issued."""
-        step = self._step | {"dev1": self.clock.stamp(), "host1": time.perf_counter(), "calls": self._calls}
+    def end_step(self, loss: torch.Tensor | None = None) -> dict:
+        """Close the step; its figures come from read(step), which may wait until a later step is issued.
+        loss: handed to the host with the step (step["loss"]). On CUDA it is copied asynchronously to pinned
+        memory right after the step's last boundary: a D2H copy is stream-ordered, so a later `.item()` on the
+        device tensor would wait for every kernel issued since, draining the device at every step."""
+        step = self._step | {"dev1": self.clock.stamp(), "calls": self._calls}
+        if loss is not None:
+            step["loss"] = loss.detach()
+            if self.cuda:
+                step["loss"] = step["loss"].to("cpu", non_blocking=True)
+                step["ready"] = self.clock.stamp()  # the copy has landed once this event has
+        step["host1"] = time.perf_counter()
         self._step, self._calls, self._regions_on = {}, [], False
         return step
 
@@ -208,15 +217,17 @@ class StepTimer:
         boundaries into milliseconds.
 
         Returns `step_ms`, `host_ms`, `host_wait_ms` (how long the host waited here: ~0 when the host, not
-        the device, sets the pace), and per region `<name>_fwd_ms` / `<name>_bwd_ms` (summed over
-        calls) with `<name>_fwd_call_ms` / `<name>_bwd_call_ms` (mean per call).
+        the device, sets the pace), `loss` (when end_step was given one), and per region `<name>_fwd_ms` /
+        `<name>_bwd_ms` (summed over calls) with `<name>_fwd_call_ms` / `<name>_bwd_call_ms` (mean per call).
         """
         t0 = time.perf_counter()
         if self.cuda:
-            step["dev1"].synchronize()  # the callback reads under sync_allowed
+            step.get("ready", step["dev1"]).synchronize()  # the callback reads under sync_allowed
         ms = self.clock.ms  # same conversion for either clock
         out = {"step_ms": ms(step["dev0"], step["dev1"]), "host_ms": (step["host1"] - step["host0"]) * 1e3,
                "host_wait_ms": (time.perf_counter() - t0) * 1e3}
+        if "loss" in step:
+            out["loss"] = step["loss"].item()  # a host tensor by now: no wait
         per: dict[str, list[float]] = defaultdict(list)
         for c in step["calls"]:
             st = c.stamps

@@ -168,6 +168,13 @@ split_ab() {
     tb w$w-ab-split$s --simulate-world $w --cp ulysses --weights zero --split-conditioning $s --compile-scope model $RO $Z
   done; done
 }
+# Issue 6, twelfth pass: the loss handed to the host asynchronously (its late .item() drained the device every
+# step); the loop's host period split whole (after_ms, prologue_ms); W=8 once more without idle probes.
+final() {
+  sync_test
+  ro_model final
+  tb w8-final-noprobe --simulate-world 8 --cp ulysses --weights zero --idle-probe-every 0 --compile-scope model $RO $Z
+}
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
 }

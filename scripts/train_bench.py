@@ -168,7 +168,7 @@ def print_summary(d: dict, path: Path) -> None:
     for col in ("metric", "median", "min", "max", "rank max (median)"):
         table.add_column(col, justify="right" if col != "metric" else "left")
     first = ["step_ms", "host_ms", "device_busy_ms", "loop_ms", "host_wait_ms", "data_ms", "transfer_ms",
-             "step_untimed_ms"]  # the step, then its parts
+             "prologue_ms", "after_ms", "step_untimed_ms"]  # the step, then its parts
 
     def order(name: str):
         return (0, first.index(name)) if name in first else (1, name)

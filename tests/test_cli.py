@@ -34,10 +34,17 @@ def test_timing_off_keeps_step_metrics_only(tmp_path):
     r = bench("--config", TINY, "--timing", "false", "--wandb-mode", "disabled", "--output", tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads((tmp_path / "summary.json").read_text())
-    assert set(d["metrics"]) == {"step_ms", "host_ms", "loop_ms", "host_wait_ms", "data_ms", "transfer_ms"}
+    assert set(d["metrics"]) == {"step_ms", "host_ms", "loop_ms", "host_wait_ms", "data_ms", "transfer_ms",
+                                 "prologue_ms", "after_ms"}
     assert d["metrics"]["data_ms"]["median"] > 0  # the next batch is made between steps (no workers on CPU)
     # the loop's period holds the step and the batch made between steps (on CPU ops run in line)
     assert d["metrics"]["loop_ms"]["median"] > d["metrics"]["step_ms"]["median"]
+    # the host's period, accounted whole: a step's host_ms + after_ms, then the next's data, transfer, prologue
+    ps = d["per_step"]
+    for i in range(len(ps["loop_ms"]) - 1):
+        nxt = sum(ps[k][i + 1] for k in ("data_ms", "transfer_ms", "prologue_ms"))
+        parts = ps["host_ms"][i] + ps["after_ms"][i] + nxt
+        assert abs(parts - ps["loop_ms"][i]) < 0.05 * ps["loop_ms"][i] + 0.2, (i, parts, ps["loop_ms"][i])
     assert d["metrics"]["loop_ms"]["n"] == d["metrics"]["step_ms"]["n"] - 1  # the last step has no next one
 
 
