@@ -1,6 +1,7 @@
 """Lightning callbacks of flux-cp (they import flux_cp; flux_cp never imports them)."""
 
 from callbacks.faults import FaultInjectionCallback
+from callbacks.gc import GcScheduleCallback
 from callbacks.guard import GuardCallback
 from callbacks.loggers import ResilientWandbLogger
 from callbacks.profiler import KernelProfileCallback
@@ -9,6 +10,7 @@ from callbacks.timing import OpTimingCallback
 
 __all__ = [
     "FaultInjectionCallback",
+    "GcScheduleCallback",
     "GuardCallback",
     "KernelProfileCallback",
     "OpTimingCallback",

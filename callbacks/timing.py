@@ -19,6 +19,7 @@ Each measured step has a kind (`step_kind`), the same on every rank:
   prologue_ms (from there to this step's start: Lightning's hooks) and after_ms (this callback's hook after
   the step: reading the step before, host_wait_ms included, the gather, logging). A step's loop_ms is its
   host_ms + after_ms and the next step's data_ms + transfer_ms + prologue_ms: the host's whole period;
+  gc_ms is the part of that period Python's garbage collector took (wherever it struck);
 - "plain": regions off -> step_ms/host_ms when --timing false; with --timing-ab (instrumentation
   overhead, alternating in one process) every other step is plain -> step_untimed_ms;
 - "probe" (CUDA, every --idle-probe-every'th step): the host runs ahead of the device ->
@@ -27,6 +28,7 @@ Each measured step has a kind (`step_kind`), the same on every rank:
 Every rank keeps the (gathered) summary, so that whichever rank fails can write what was measured.
 """
 
+import gc
 import time
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from lightning.pytorch import Callback
 
 from flux_cp.failures import error_kind, error_line
 from flux_cp.results import RunSummary
-from flux_cp.timing import spin_cycles_per_ms, sync_allowed
+from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
 
 
 class OpTimingCallback(Callback):
@@ -65,6 +67,7 @@ class OpTimingCallback(Callback):
         self._t0 = 0.0
         self._t_end = 0.0  # when the last step's hooks ended (host clock)
         self._between: dict[str, float] = {}  # this step's data_ms, transfer_ms, prologue_ms
+        self._gc = GcClock()  # Python's collections: gc_ms, the part of a step's loop_ms spent in them
 
     def step_kind(self, batch_idx: int, cuda: bool, timing: bool) -> str:
         j = batch_idx - self.skip  # index among measured steps
@@ -83,6 +86,7 @@ class OpTimingCallback(Callback):
             self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         if pl_module.timer.cuda and self.idle_probe_every:
             spin_cycles_per_ms()  # calibrated (it synchronises) before any step, not inside the first probe
+        gc.callbacks.append(self._gc)
         self._t0 = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -97,6 +101,10 @@ class OpTimingCallback(Callback):
             self._between = {"data_ms": (marks["fetched"] - self._t_end) * 1e3,
                              "transfer_ms": (marks["transferred"] - marks["fetched"]) * 1e3,
                              "prologue_ms": (time.perf_counter() - marks["transferred"]) * 1e3}
+        if self._pending and self._pending[-1][0] == batch_idx - 1:  # the last step's loop period ends here
+            self._pending[-1][2]["gc_ms"] = self._gc.take()
+        else:
+            self._gc.take()
         timer.start_step(regions=kind == "timed", probe_ms=probe_ms)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -117,7 +125,7 @@ class OpTimingCallback(Callback):
         self._host_ms = local["host_ms"]
         if self._pending:  # the next step has started: the loop's period, as the host sees it
             local["loop_ms"] = (self._pending[0][2]["host0"] - step["host0"]) * 1e3
-        local |= step["between"] | ({"after_ms": step["after_ms"]} if "after_ms" in step else {})
+        local |= step["between"] | {k: step[k] for k in ("after_ms", "gc_ms") if k in step}
         local = self.last = self._figures(kind, local, pl_module.timer.enabled)
         keys = sorted(local)  # same on every rank: the kind and the steps started are
         every = self._gather([local[k] for k in keys] + [loss], collective)  # (W, M + 1)
@@ -160,6 +168,7 @@ class OpTimingCallback(Callback):
         return torch.stack(out)
 
     def on_train_end(self, trainer, pl_module):
+        self._remove_gc_hook()
         while self._pending:  # the last step, read late (every rank: the gather is collective)
             self._read_step(trainer, pl_module, *self._pending.pop(0))
         if trainer.global_rank != 0:
@@ -169,7 +178,12 @@ class OpTimingCallback(Callback):
             medians = {f"{name}/median": m["median"] for name, m in self.summary.metrics().items()}
             trainer.logger.log_summary(medians | self.summary.derived())
 
+    def _remove_gc_hook(self):
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
+
     def on_exception(self, trainer, pl_module, exception):
+        self._remove_gc_hook()
         # Steps finished but not read yet: kept with this rank's own figures (the other ranks may be gone, so
         # no gather); the rest is skipped once one cannot be read (e.g. after a CUDA error).
         while self._pending:

@@ -99,6 +99,7 @@ class RunConfig:
     # > 1: one process runs the per-rank compute of a W-way split (no communication); --ops-only takes a list
     simulate_world: int | list[int] | str = 1
     sync_debug: bool = False  # CUDA: count the loop's synchronizing calls by call site (torch's sync debug mode)
+    gc_every: int = 0  # > 0: Python's automatic GC off in training, a young-generation collect every N steps
     dump_grads: bool = False  # save every parameter's gradient after the first step (numerics checks)
     timeout_s: float = 900.0  # a stalled step (hung rank/collective) ends the run: process-group timeout + watchdog
     # op-only microbenchmark (flux_cp/opbench.py); lists are given as "4608,16384" or [4608, 16384]
@@ -287,6 +288,8 @@ def resolve(
         raise ConfigError(f"--num-workers {run.num_workers}: must be >= 0 (0: batches made in the main process)")
     if run.sync_debug and run.accelerator != "gpu":
         raise ConfigError("--sync-debug: torch's sync debug mode watches CUDA calls (drop it, or run on a GPU)")
+    if run.gc_every < 0:
+        raise ConfigError(f"--gc-every {run.gc_every}: 0 (Python's automatic collection) or a number of steps >= 1")
     if run.idle_probe_every == 1 or run.idle_probe_every < 0:
         raise ConfigError(f"--idle-probe-every {run.idle_probe_every}: 0 (off) or >= 2")
     w = max(run.cp_degree, sim)

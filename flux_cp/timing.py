@@ -68,6 +68,25 @@ def sync_allowed(cuda: bool):
         torch.cuda.set_sync_debug_mode(mode)
 
 
+class GcClock:
+    """Host time in Python's garbage collector (a gc.callbacks hook): `take()` returns ms since the last take."""
+
+    def __init__(self):
+        self._total = 0.0
+        self._t0: float | None = None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self._total += time.perf_counter() - self._t0
+            self._t0 = None
+
+    def take(self) -> float:
+        ms, self._total = self._total * 1e3, 0.0
+        return ms
+
+
 class _Clock:
     """Boundary stamps: CUDA events from a reused pool, or perf_counter seconds on CPU."""
 

@@ -169,11 +169,14 @@ split_ab() {
   done; done
 }
 # Issue 6, twelfth pass: the loss handed to the host asynchronously (its late .item() drained the device every
-# step); the loop's host period split whole (after_ms, prologue_ms); W=8 once more without idle probes.
+# step); the loop's host period split whole (after_ms, prologue_ms, gc_ms), without idle probes (a probe's spin
+# kernel delays the steps after it once the host runs ahead); W=8 with Python's GC on a schedule (--gc-every).
 final() {
   sync_test
-  ro_model final
-  tb w8-final-noprobe --simulate-world 8 --cp ulysses --weights zero --idle-probe-every 0 --compile-scope model $RO $Z
+  local np="--idle-probe-every 0 --compile-scope model"
+  tb w1-final-np --cp none $np $RO $Z
+  for w in 2 8; do tb w$w-final-np --simulate-world $w --cp ulysses --weights zero $np $RO $Z; done
+  tb w8-final-gc --simulate-world 8 --cp ulysses --weights zero --idle-probe-every 0 --gc-every 50 --compile-scope model $RO $Z
 }
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3

@@ -50,6 +50,7 @@ def train(cfg) -> int:
 
     from callbacks import (
         FaultInjectionCallback,
+        GcScheduleCallback,
         GuardCallback,
         KernelProfileCallback,
         OpTimingCallback,
@@ -111,6 +112,8 @@ def train(cfg) -> int:
     callbacks = [timing, RichProgressBar(), GuardCallback(watchdog)]
     if run.sync_debug:  # first: its figures are in the summary the timing callback writes at the end
         callbacks.insert(0, SyncDebugCallback(timing, run.warmup_steps + profile_steps))
+    if run.gc_every:
+        callbacks.append(GcScheduleCallback(run.gc_every))
     if fault := FaultInjectionCallback.from_env():  # tests only (FLUX_CP_FAULT)
         callbacks.append(fault)
     if run.profile:
@@ -168,7 +171,7 @@ def print_summary(d: dict, path: Path) -> None:
     for col in ("metric", "median", "min", "max", "rank max (median)"):
         table.add_column(col, justify="right" if col != "metric" else "left")
     first = ["step_ms", "host_ms", "device_busy_ms", "loop_ms", "host_wait_ms", "data_ms", "transfer_ms",
-             "prologue_ms", "after_ms", "step_untimed_ms"]  # the step, then its parts
+             "prologue_ms", "after_ms", "gc_ms", "step_untimed_ms"]  # the step, then its parts
 
     def order(name: str):
         return (0, first.index(name)) if name in first else (1, name)

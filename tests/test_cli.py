@@ -35,7 +35,7 @@ def test_timing_off_keeps_step_metrics_only(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads((tmp_path / "summary.json").read_text())
     assert set(d["metrics"]) == {"step_ms", "host_ms", "loop_ms", "host_wait_ms", "data_ms", "transfer_ms",
-                                 "prologue_ms", "after_ms"}
+                                 "prologue_ms", "after_ms", "gc_ms"}
     assert d["metrics"]["data_ms"]["median"] > 0  # the next batch is made between steps (no workers on CPU)
     # the loop's period holds the step and the batch made between steps (on CPU ops run in line)
     assert d["metrics"]["loop_ms"]["median"] > d["metrics"]["step_ms"]["median"]
@@ -46,6 +46,17 @@ def test_timing_off_keeps_step_metrics_only(tmp_path):
         parts = ps["host_ms"][i] + ps["after_ms"][i] + nxt
         assert abs(parts - ps["loop_ms"][i]) < 0.05 * ps["loop_ms"][i] + 0.2, (i, parts, ps["loop_ms"][i])
     assert d["metrics"]["loop_ms"]["n"] == d["metrics"]["step_ms"]["n"] - 1  # the last step has no next one
+
+
+def test_gc_every_collects_on_schedule_only(tmp_path):
+    """--gc-every 3: no automatic collection in training; one after every 3rd step, in that step's loop period."""
+    r = bench("--config", TINY, "--gc-every", 3, "--steps", 8, "--warmup-steps", 1, "--wandb-mode", "disabled",
+              "--output", tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads((tmp_path / "summary.json").read_text())
+    gc_ms = d["per_step"]["gc_ms"]  # measured steps 1..7 (batch_idx), the last one has no loop period
+    collected = [(i + 1) % 3 == 0 for i in range(1, 1 + len(gc_ms))]
+    assert len(gc_ms) == 7 and all((ms > 0) == c for ms, c in zip(gc_ms, collected)), gc_ms
 
 
 BAD = [
@@ -64,6 +75,7 @@ BAD = [
     (["--profile", "true", "--profile-steps", 0], "--profile-steps 0"),
     (["--sync-debug"], "--sync-debug: torch's sync debug mode watches CUDA calls"),
     (["--devices", 3, "--split-conditioning", "true"], "--split-conditioning: the modulation linears' widths"),
+    (["--gc-every", -1], "--gc-every -1: 0 (Python's automatic collection)"),
 ]
 
 
