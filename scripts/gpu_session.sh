@@ -171,13 +171,12 @@ split_ab() {
 # Issue 6, twelfth pass: the loss handed to the host asynchronously (its late .item() drained the device every
 # step); the loop's host period split whole (after_ms, prologue_ms, gc_ms), without idle probes (a probe's spin
 # kernel delays the steps after it once the host runs ahead); W=8 with Python's GC on a schedule (--gc-every).
-final() {
-  sync_test
-  local np="--idle-probe-every 0 --compile-scope model"
-  tb w1-final-np --cp none $np $RO $Z
-  for w in 2 8; do tb w$w-final-np --simulate-world $w --cp ulysses --weights zero $np $RO $Z; done
-  tb w8-final-gc --simulate-world 8 --cp ulysses --weights zero --idle-probe-every 0 --gc-every 50 --compile-scope model $RO $Z
-}
+NP="--idle-probe-every 0 --compile-scope model"
+final_w1() { tb w1-final-np --cp none $NP $RO $Z; }
+final_w2() { tb w2-final-np --simulate-world 2 --cp ulysses --weights zero $NP $RO $Z; }
+final_w8() { tb w8-final-np --simulate-world 8 --cp ulysses --weights zero $NP $RO $Z; }
+final_gc() { tb w8-final-gc --simulate-world 8 --cp ulysses --weights zero --gc-every 50 $NP $RO $Z; }
+final() { sync_test; final_w1; final_w2; final_w8; final_gc; }  # as separate sections, each is saved when done
 timing_ab() {
   tb w1-none-ab-profile --cp none --steps 40 --warmup-steps 5 --timing-ab true --profile true --profile-steps 3
 }
