@@ -54,7 +54,7 @@ def hold_stream(ms: float) -> None:
 
 @contextlib.contextmanager
 def sync_allowed(cuda: bool):
-    """Intended waits of the instrument (a finished step's last event, its loss) stay out of the count of
+    """The instrument's intended wait (a finished step's last event) stays out of the count of
     synchronizing calls that --sync-debug (torch's sync debug mode) makes. A no-op unless that mode is on: setting
     it costs a warning per call."""
     mode = torch.cuda.get_sync_debug_mode() if cuda else 0
