@@ -1,7 +1,7 @@
 """Lightning callbacks of flux-cp (they import flux_cp; flux_cp never imports them)."""
 
 from callbacks.faults import FaultInjectionCallback
-from callbacks.gc import GcScheduleCallback
+from callbacks.gc_schedule import GcScheduleCallback
 from callbacks.guard import GuardCallback
 from callbacks.loggers import ResilientWandbLogger
 from callbacks.profiler import KernelProfileCallback
