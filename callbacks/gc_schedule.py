@@ -14,9 +14,10 @@ from lightning.pytorch import Callback
 class GcScheduleCallback(Callback):
     def __init__(self, every: int):
         self.every = every
-        self._was_enabled = gc.isenabled()
+        self._was_enabled = True
 
     def on_train_start(self, trainer, pl_module):
+        self._was_enabled = gc.isenabled()
         gc.collect()  # start from a clean heap: the model build and compilation left garbage
         gc.disable()
 

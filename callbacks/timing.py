@@ -40,6 +40,9 @@ from flux_cp.failures import error_kind, error_line
 from flux_cp.results import RunSummary
 from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
 
+# The parts of a step's loop period (loop_ms) kept in its step record; see the module docstring.
+LOOP_PARTS = ("data_ms", "transfer_ms", "prologue_ms", "after_ms", "gc_ms")
+
 
 class OpTimingCallback(Callback):
     def __init__(
@@ -67,6 +70,7 @@ class OpTimingCallback(Callback):
         self._t0 = 0.0
         self._t_end = 0.0  # when the last step's hooks ended (host clock)
         self._between: dict[str, float] = {}  # this step's data_ms, transfer_ms, prologue_ms
+        self._ended: dict | None = None  # the last step closed: its loop period runs until the next step starts
         self._gc = GcClock()  # Python's collections: gc_ms, the part of a step's loop_ms spent in them
 
     def step_kind(self, batch_idx: int, cuda: bool, timing: bool) -> str:
@@ -101,14 +105,13 @@ class OpTimingCallback(Callback):
             self._between = {"data_ms": (marks["fetched"] - self._t_end) * 1e3,
                              "transfer_ms": (marks["transferred"] - marks["fetched"]) * 1e3,
                              "prologue_ms": (time.perf_counter() - marks["transferred"]) * 1e3}
-        if self._pending and self._pending[-1][0] == batch_idx - 1:  # the last step's loop period ends here
-            self._pending[-1][2]["gc_ms"] = self._gc.take()
-        else:
-            self._gc.take()
+        gc_ms = self._gc.take()  # collections since the last step started: in its loop period
+        if self._ended is not None:
+            self._ended["gc_ms"] = gc_ms
         timer.start_step(regions=kind == "timed", probe_ms=probe_ms)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = pl_module.timer.end_step(outputs["loss"]) | {"between": self._between}
+        step = self._ended = pl_module.timer.end_step(outputs["loss"]) | self._between
         self._pending.append((batch_idx, self._kind, step))
         # measured steps one step late; warm-up and profiled steps at once (the profiler reads `last` for the
         # step it traced, and those steps are out of the statistics anyway)
@@ -125,7 +128,7 @@ class OpTimingCallback(Callback):
         self._host_ms = local["host_ms"]
         if self._pending:  # the next step has started: the loop's period, as the host sees it
             local["loop_ms"] = (self._pending[0][2]["host0"] - step["host0"]) * 1e3
-        local |= step["between"] | {k: step[k] for k in ("after_ms", "gc_ms") if k in step}
+        local |= {k: step[k] for k in LOOP_PARTS if k in step}
         local = self.last = self._figures(kind, local, pl_module.timer.enabled)
         keys = sorted(local)  # same on every rank: the kind and the steps started are
         every = self._gather([local[k] for k in keys] + [loss], collective)  # (W, M + 1)

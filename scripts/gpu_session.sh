@@ -152,15 +152,8 @@ scope() {
 }
 # Issue 6, eighth pass: batches from 4 loader workers (one could not keep up with W=8's step), whole-model graphs.
 workers() { sync_test; ro_model ro-model-workers; }
-# Issue 6, ninth pass: where the loop's host time goes between steps (data_ms, transfer_ms).
-between_w1() { tb w1-none-between --cp none --steps 10 --warmup-steps 2 --wandb-mode disabled; }
-between_w8() {
-  tb w8-ro-model-between --simulate-world 8 --cp ulysses --weights zero --compile-scope model $RO --steps 12 \
-    --wandb-mode disabled
-}
-# Issue 6, tenth pass (not run yet): the conditioning path split over CP ranks, at simulated W = 2 and 8.
-split_cond() { ro_model ro-model-split --split-conditioning true; }
-# Issue 6, eleventh pass: split conditioning against the same session's unsplit runs, interleaved per W
+# Issue 6, ninth pass (it replaced the unrun between_w1/w8 and split_cond: every run records data_ms,
+# transfer_ms): split conditioning against the same session's unsplit runs, interleaved per W
 # (identical runs differ by ~1 %: the A/B needs both sides in one session); data_ms / transfer_ms on GPU.
 split_ab() {
   tb w1-ab --cp none --compile-scope model $RO $Z
@@ -168,7 +161,7 @@ split_ab() {
     tb w$w-ab-split$s --simulate-world $w --cp ulysses --weights zero --split-conditioning $s --compile-scope model $RO $Z
   done; done
 }
-# Issue 6, twelfth pass: the loss handed to the host asynchronously (its late .item() drained the device every
+# Issue 6, tenth pass: the loss handed to the host asynchronously (its late .item() drained the device every
 # step); the loop's host period split whole (after_ms, prologue_ms, gc_ms), without idle probes (a probe's spin
 # kernel delays the steps after it once the host runs ahead); W=8 with Python's GC on a schedule (--gc-every).
 NP="--idle-probe-every 0 --compile-scope model"
