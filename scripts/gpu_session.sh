@@ -7,6 +7,9 @@ set -u
 OUT=${OUT:-runs/gpu_session}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_SILENT=true
 log() { echo "== $(date -u +%FT%TZ) $*"; }
+# The device returns flat files only, and a call cut at its limit returns what $OUT holds: keep a tarball fresh.
+(while sleep 30; do tar czf "$OUT/partial.tar.gz.tmp" -C "$OUT" --exclude=wandb --exclude='*.tar.gz*' . 2>/dev/null \
+  && mv "$OUT/partial.tar.gz.tmp" "$OUT/partial.tar.gz"; done) &
 {
   log device
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
