@@ -417,8 +417,8 @@ def print_table(d: dict, path: Path) -> None:
         console.width = 180
     console.print(table)
     if any(r["simulated"] for r in d["ops"]):
-        console.print("W*: simulated: rank 0 of a W-rank job over torch's fake process group (collectives move nothing)",
-                      soft_wrap=True)
+        console.print("W*: simulated: rank 0 of a W-rank job over torch's fake process group "
+                      "(collectives move nothing)", soft_wrap=True)
     for note in d["notes"]:
         console.print(f"note: {note}", soft_wrap=True)
     console.print(f"summary: {path}", soft_wrap=True)

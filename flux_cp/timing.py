@@ -261,7 +261,7 @@ class StepTimer:
         if "comm" in step:
             from flux_cp.ledger import resolve
 
-            out["comm"] = {"phases": {k: round(ms(step["dev0"], v), 4) for k, v in step["phases"].items()},
+            out["comm"] = {"phases": {f"{k}_ms": round(ms(step["dev0"], v), 4) for k, v in step["phases"].items()},
                            "collectives": resolve(step["comm"], ms, step["dev0"])}
         per: dict[str, list[float]] = defaultdict(list)
         for c in step["calls"]:

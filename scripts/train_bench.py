@@ -137,7 +137,8 @@ def train(cfg) -> int:
             job_type="train",
             save_dir=str(out),
             offline=run.wandb_mode == "offline",
-            config={**cfg.to_dict(), "env": header["env"]},
+            config={**cfg.to_dict(), "env": header["env"], "collectives": header["collectives"],
+                    "simulate": header["simulate"]},
         )
     trainer = L.Trainer(
         accelerator=run.accelerator,

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from flux_cp.config import ConfigError, parse_config, resolve
-from flux_cp.mesh import optimizer_shares
 from flux_cp.model import FluxDiT
 
 from .conftest import ROOT, SCRIPT, TINY, bench, free_port
@@ -59,24 +58,11 @@ def test_dp2_x_cp2_matches_one_process_on_the_global_batch(batch2, tmp_path, wei
     assert (d["world_size"], d["dp"], d["cp_degree"], d["num_nodes"], d["weights"]) == (4, 2, 2, 1, weights)
     assert d["tokens_per_rank"] == 144 // 2 and d["run_name"].startswith("train-W4-dp2-allgather-kv")
     assert d["complete"] and d["metrics"]["step_ms"]["n"] == 1
-    if weights == "zero":  # rank 0 stepped its ZeroRedundancyOptimizer share, the one optimizer_shares predicts
-        share = optimizer_shares(_tiny_params(), 4)[0]
-        assert d["optimizer_params"] == sum(p.numel() for p in share) < d["params"] / 3
+    if weights == "zero":  # rank 0 stepped its ZeroRedundancyOptimizer share, about a quarter of the parameters
+        assert d["params"] / 8 < d["optimizer_params"] < d["params"] / 3
     else:
         assert d["optimizer_params"] == d["params"] or weights == "fsdp"
     _assert_same_training(got, batch2)
-
-
-def test_simulated_zero_steps_the_largest_share(tmp_path):
-    """--simulate-world 4 --weights zero: one process steps the largest of 4 ZeRO shares, and only those
-    parameters move; the first loss (before any update) is the unsharded simulation's."""
-    sim = ("--simulate-world", 4, "--cp", "ulysses")
-    d, _ = _run(tmp_path / "zero", *sim, "--weights", "zero")
-    ref, _ = _run(tmp_path / "ddp", *sim)
-    sizes = [sum(p.numel() for p in s) for s in optimizer_shares(_tiny_params(), 4)]
-    assert d["optimizer_params"] == max(sizes) < ref["optimizer_params"] == d["params"]
-    assert d["run_name"] == "train-W4sim-ulysses-zero-s144"
-    assert d["loss"][0] == ref["loss"][0] and d["loss"][1] != ref["loss"][1]
 
 
 def test_two_nodes_on_one_machine_match_one_node(batch2, tmp_path):
@@ -99,7 +85,6 @@ def test_two_nodes_on_one_machine_match_one_node(batch2, tmp_path):
 BAD = [
     (["--devices", 4, "--cp-degree", 3], {}, "--cp-degree 3: must divide the 4 ranks"),
     (["--devices", 2, "--num-nodes", 2], {"NODE_RANK": "2"}, "--num-nodes 2: this node has NODE_RANK=2"),
-    (["--simulate-world", 2, "--weights", "fsdp"], {}, "--simulate-world 2 --weights fsdp: FSDP's per-rank step"),
 ]
 
 
