@@ -70,6 +70,12 @@ def from_dict(d: dict) -> LinkProfile:
                        extra)
 
 
+def flat(gbps: float) -> LinkProfile:
+    """Every kind at one bus bandwidth and no latency: the old `--link-gbps` estimate, for comparison."""
+    return LinkProfile(f"flat-{gbps:g}GBps", {k: KindLink(0.0, gbps, "flat rate (--link-gbps)") for k in
+                       ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")})
+
+
 def load(path_or_name: str | Path) -> LinkProfile:
     """A YAML file, or the name of one in configs/links/ ("h200-nvlink4")."""
     p = Path(path_or_name)

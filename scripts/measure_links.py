@@ -123,8 +123,8 @@ def worker(rank: int, args, port: int, result_path: str):
             env = {"device": torch.cuda.get_device_name(device) if cuda else f"cpu ({platform.machine()}, "
                    f"{os.cpu_count()} cores)", "hostname": socket.gethostname(), "torch": str(torch.__version__)}
             prof = links.LinkProfile(args.name, kinds, f"measured on {env['device']} ({env['hostname']})", True,
-                                     {"backend": args.backend, "world": args.world, "device": str(env["device"]),
-                                      "torch": str(env["torch"]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                     {"backend": args.backend, "world": args.world, "device": env["device"],
+                                      "torch": env["torch"], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                       "command": " ".join(["python", "scripts/measure_links.py", *sys.argv[1:]]),
                                       "sizes_bytes": sizes, "times_ms": raw, "unsupported": skipped})
             links.save(prof, Path(result_path))
