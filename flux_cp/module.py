@@ -5,6 +5,7 @@ forward AND backward) wraps both passes of the step. Weights are replicated (DDP
 ZeRO-sharded optimizer state) or sharded (FSDP2) over all dp x cp ranks of the (dp, cp) mesh: see flux_cp.mesh.
 """
 
+import json
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 
 from flux_cp.config import BenchConfig
 from flux_cp.data import DTYPES, make_loader
+from flux_cp.ledger import CommLedger, OpRecorder
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, optimizer_numel, shard_weights
 from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.parallel import apply_cp, make_strategy, shard, split_conditioning
@@ -58,22 +60,19 @@ class FluxCPModule(L.LightningModule):
         cp_mesh = self.mesh["cp"] if self.mesh is not None else None
         rank, world = (cp_mesh.get_local_rank(), cp_mesh.size()) if cp_mesh is not None else (0, 1)  # in the CP group
         # Op regions would split a compiled graph (graph breaks change what is measured): off under --compile.
-        self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing and not run.compile)
-        self.strategy = make_strategy(
-            run.cp, rank, world, self.device, run.sdpa_backend, run.rotate, simulate_world=run.simulate_world,
-            mesh=cp_mesh,
-        )
+        self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing and not run.compile,
+                               ledger=CommLedger.get())
+        self.strategy = make_strategy(run.cp, rank, world, self.device, run.sdpa_backend, run.rotate, mesh=cp_mesh)
         apply_cp(self.model, self.strategy, self.timer)
         if run.split_conditioning:
-            split_conditioning(self.model, self.strategy, run.simulate_world)
+            split_conditioning(self.model, self.strategy)
         if run.compile:  # the attention processor (and its collectives) is traced with the blocks
             mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
             scope = [self.model] if run.compile_scope == "model" else [*self.model.double_blocks,
                                                                         *self.model.single_blocks]
             for m in scope:
                 m.compile(mode=mode, backend=run.compile_backend)
-        # A simulated run takes rank 0's shard of a W-way split (all ranks' shards cost the same).
-        self.split = (0, run.simulate_world) if run.simulate_world > 1 else (rank, world)
+        self.split = (rank, world)  # this rank's place in its CP group (a simulated rank's too: its fake group)
         # Each rank's RoPE angles: its own text and image tokens' positions, in [text, image] order.
         txt = shard(text_ids(data.text_tokens), 0, *self.split)
         img = shard(image_ids(data.image_height, data.image_width), 0, *self.split)
@@ -89,6 +88,15 @@ class FluxCPModule(L.LightningModule):
         return batch
 
     def training_step(self, batch, batch_idx):
+        if not (self.cfg.run.dump_ops and batch_idx == self.cfg.run.warmup_steps):
+            return self._step(batch, batch_idx)
+        with OpRecorder() as rec:  # --dump-ops: what this rank computes in its first measured step
+            out = self._step(batch, batch_idx)
+        path = Path(self.cfg.run.output) / f"ops_rank{self.global_rank}.json"
+        path.write_text(json.dumps(rec.ops))
+        return out
+
+    def _step(self, batch, batch_idx):
         opt = self.optimizers()
         x, target, text = (shard(batch[k], 1, *self.split) for k in ("x_t", "target", "text"))  # (B, S/W, .)
         with self.strategy.step_context():
@@ -98,9 +106,11 @@ class FluxCPModule(L.LightningModule):
             # global mean, and averaging gradients over all dp x cp ranks (DDP all-reduce, FSDP reduce-scatter)
             # gives the gradient of the global loss.
             loss = F.mse_loss(pred.float(), target.float())
-            # every gradient, not only the optimizer's: a ZeRO share (real or simulated) steps a part of them
+            self.timer.mark("forward_end")
+            # every gradient, not only the optimizer's: a ZeRO share steps a part of them
             self.model.zero_grad(set_to_none=True)
             self.manual_backward(loss)
+            self.timer.mark("backward_end")  # DDP's bucket all-reduces are consumed here (the reducer waits)
         opt.step()
         if self.cfg.run.dump_grads and batch_idx == 0:
             self._dump_grads()

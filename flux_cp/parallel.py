@@ -234,54 +234,12 @@ class TorchRing(CPStrategy):
         return stack
 
 
-class SimulatedAllGatherKV(AllGatherKV):
-    """One rank of a `sim`-way allgather-kv split, in one process and without the collective: local
-    queries attend to `sim` copies of the local K/V, the gathered tensors' size and layout. Compute
-    and memory traffic are the rank's; the values are not (timing only)."""
-
-    name = "allgather-kv"
-
-    def __init__(self, *args, sim: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sim = sim
-
-    def attention(self, q, k, v):  # (B, H, S_l, D)
-        k, v = torch.stack([k, v]).repeat(1, 1, 1, self.sim, 1).unbind(0)  # (B, H, W * S_l, D) each
-        return F.scaled_dot_product_attention(q, k, v)
-
-
-class SimulatedUlysses(CPStrategy):
-    """One rank of a `sim`-way Ulysses split: the real strategy's layout copies around SDPA over H/W heads and
-    W * S_l tokens, with each all-to-all replaced by the identity (the rank's own W head groups stand in for
-    the W ranks' token chunks). Every head's gradient flows back, as in the real rank; a slice of H/W heads
-    would add a zero-filled gradient the real rank does not compute, and split the compiled backward of the
-    q/k norms (measured: docs/results/2026-12-03-h200-zero.md). S_q = S_kv here, so the SDPA backend is left
-    as chosen (cuDNN by default on H100/H200)."""
-
-    name = "ulysses"
-
-    def __init__(self, *args, sim: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sim = sim
-
-    def attention(self, q, k, v):  # (B, H, S_l, D)
-        w = self.sim
-        q, k, v = (_join_seq(_by_head_group(x, w)) for x in (q, k, v))  # (B, H/W, W * S_l, D)
-        out = F.scaled_dot_product_attention(q, k, v)
-        return _join_heads(_by_seq_chunk(out, w))  # (B, H, S_l, D)
-
-
 STRATEGY_CLASSES = {c.name: c for c in (CPStrategy, AllGatherKV, Ulysses, TorchRing)}
-SIMULATED_CLASSES = {c.name: c for c in (SimulatedAllGatherKV, SimulatedUlysses)}
 
 
-def make_strategy(
-    name: str, rank: int, world: int, device, sdpa_backend="auto", rotate="allgather", simulate_world: int = 1,
-    mesh=None,
-) -> CPStrategy:
+def make_strategy(name: str, rank: int, world: int, device, sdpa_backend="auto", rotate="allgather",
+                  mesh=None) -> CPStrategy:
     """rank, world: within the CP group, whose 1-D DeviceMesh is `mesh` (flux_cp.mesh.build_mesh(...)["cp"])."""
-    if simulate_world > 1:
-        return SIMULATED_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, sim=simulate_world)
     kwargs = {"rotate": rotate} if name == "torch" else {}
     return STRATEGY_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, mesh=mesh, **kwargs)
 
@@ -383,17 +341,9 @@ def _split_forward(lin, group, world, rank, x):
     return _SplitFeaturesLinear.apply(x, lin.weight, lin.bias, group, world, rank)
 
 
-def _simulated_split_forward(lin, world, x):
-    """Rank 0's share of a `world`-way split, without the collectives: its features, repeated to full width
-    (values for timing only); backward computes its slice of dW and a zero-filled rest, as a real rank does."""
-    return F.linear(x, lin.weight.chunk(world)[0], lin.bias.chunk(world)[0]).repeat(1, world)
-
-
-def split_conditioning(model, strategy: CPStrategy, simulate_world: int = 1) -> None:
+def split_conditioning(model, strategy: CPStrategy) -> None:
     """Split the AdaLN modulation linears (the conditioning path: its cost does not shrink with the tokens a rank
     holds) over the CP group, from outside the model: each linear's forward is replaced, its parameters kept."""
     for lin in model.conditioning_linears():
-        if simulate_world > 1:
-            lin.forward = functools.partial(_simulated_split_forward, lin, simulate_world)
-        elif strategy.world > 1:
+        if strategy.world > 1:
             lin.forward = functools.partial(_split_forward, lin, strategy.group, strategy.world, strategy.rank)
