@@ -103,8 +103,10 @@ def predict(tl: Timeline, colls: list[Collective], link: LinkProfile) -> Predict
 def timeline_from_record(rec: dict) -> tuple[Timeline, list[Collective]]:
     """One ledger record of summary.json's comm.ledger (see DESIGN.md) -> the timeline and its collectives."""
     ph = rec.get("phases") or {}
-    tl = Timeline(float(rec["step_ms"]), ph.get("forward_end_ms"), ph.get("backward_end_ms"))
-    colls = [Collective.from_dict(c) for c in rec["collectives"]]
+    tl = Timeline(float(rec["step_ms"]), ph.get("forward_end_ms", ph.get("forward_end")),
+                  ph.get("backward_end_ms", ph.get("backward_end")))
+    # issue_ms None: stamped inside a CUDA graph capture (no event possible); placed at the step's start
+    colls = [Collective.from_dict({**c, "issue_ms": c.get("issue_ms") or 0.0}) for c in rec["collectives"]]
     # a ring step's send and recv run at once in opposite directions: the send carries the price
     sends = {(c.bytes, c.issue_ms) for c in colls if c.kind == "send"}
     return tl, [c for c in colls if not (c.kind == "recv" and (c.bytes, c.issue_ms) in sends)]
@@ -116,7 +118,7 @@ def predict_ledger(ledger: list[dict], link: LinkProfile, step_ms: float | None 
     step_ms: rescale every record's timeline to this step (e.g. the run's median step_ms), so that the
     prediction uses the same compute as the report's other figures; None keeps each record's own."""
     preds = []
-    for rec in ledger:
+    for rec in [r for r in ledger if r.get("kind") != "probe"] or ledger:  # a probe step's step_ms is busy time
         tl, colls = timeline_from_record(rec)
         if step_ms is not None and tl.step_ms > 0:
             tl, colls = _scaled(tl, colls, step_ms / tl.step_ms)

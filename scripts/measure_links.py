@@ -42,10 +42,10 @@ def _op(kind: str, size: int, world: int, rank: int, device):
         return lambda: dist.all_reduce(x)
     if kind == "all_gather":  # size = output
         inp = torch.ones(n // world, device=device)
-        return lambda: dist.all_gather_into_tensor(x, inp)
+        return lambda: (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(x, inp)
     if kind == "reduce_scatter":  # size = input
         out = torch.empty(n // world, device=device)
-        return lambda: dist.reduce_scatter_tensor(out, x)
+        return lambda: (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, x)
     if kind == "all_to_all":
         out = torch.empty_like(x)
         return lambda: dist.all_to_all_single(out, x)
