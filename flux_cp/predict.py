@@ -138,6 +138,7 @@ def _scaled(tl: Timeline, colls: list[Collective], k: float) -> tuple[Timeline, 
 
 DTYPE_BYTES = {"bf16-true": 2, "16-true": 2, "bf16-mixed": 2, "16-mixed": 2, "32-true": 4, "64-true": 8}
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 def approximate_ledger(d: dict, W: int, optimizer_ms: float | None = None, step_ms: float | None = None,
@@ -146,12 +147,13 @@ def approximate_ledger(d: dict, W: int, optimizer_ms: float | None = None, step_
 
     Phases: the optimizer last (its profiled time, else 10% of the step), backward 2/3 of the rest.
     Blocks spread evenly over forward and backward; per block and direction, as the strategies run them:
-      allgather-kv: all-gather K and V (blocking); backward reduce-scatters dK, dV (blocking);
+      allgather-kv: one all-gather of K and V (blocking); backward reduce-scatters dK, dV (blocking);
       ulysses: 4 all-to-alls (q, k, v in, out back) of the local (B, H, S/W, D), blocking, each direction;
       torch ring, allgather rotation: all-gather K, V (blocking) each direction; backward rotates dK, dV
         around the ring (W-1 sends of the local chunk, asynchronous, each consumed one chunk later);
       torch ring, alltoall rotation: the K, V chunks move by W-1 sends as well, overlapped the same way.
-    Gradients: DDP all-reduces 25 MB buckets as the backward produces them (async, consumed at its end);
+    Gradients: DDP all-reduces buckets (1 MiB first, then 25 MiB) as the backward produces them (async,
+    consumed at its end);
     ZeRO-1 (weights zero) then broadcasts each rank's updated share (async, consumed at the step's end).
     """
     cfg = d["config"]
@@ -176,9 +178,8 @@ def approximate_ledger(d: dict, W: int, optimizer_ms: float | None = None, step_
             dt = (t1 - t0) / blocks
             for k in range(blocks):
                 t, t_end = t0 + k * dt, t0 + (k + 1) * dt
-                if cp == "allgather-kv":
-                    kind = "all_gather" if phase == "fwd" else "reduce_scatter"
-                    colls += [Collective(kind, bhsd, W, t)] * 2
+                if cp == "allgather-kv":  # K and V in one buffer
+                    colls.append(Collective("all_gather" if phase == "fwd" else "reduce_scatter", 2 * bhsd, W, t))
                 elif cp == "ulysses":
                     colls += [Collective("all_to_all", bhsd / W, W, t)] * 3 + [Collective("all_to_all", bhsd / W, W,
                                                                                            t + 0.5 * dt)]
@@ -195,9 +196,13 @@ def approximate_ledger(d: dict, W: int, optimizer_ms: float | None = None, step_
     params = d.get("params")
     if W > 1 and isinstance(params, (int, float)) and params > 0:
         grad = params * b
-        n = max(1, round(grad / DDP_BUCKET_BYTES))
-        for k in range(n):  # buckets fill from the last layer's gradients to the first's
-            colls.append(Collective("all_reduce", grad / n, W, fwd_end + (k + 1) * (bwd_end - fwd_end) / n, True))
+        sizes = [min(grad, FIRST_BUCKET_BYTES)]
+        while sum(sizes) < grad:
+            sizes.append(min(DDP_BUCKET_BYTES, grad - sum(sizes)))
+        done = 0.0
+        for size in sizes:  # buckets fill from the last layer's gradients to the first's, as the backward runs
+            done += size
+            colls.append(Collective("all_reduce", size, W, fwd_end + done / grad * (bwd_end - fwd_end), True))
         if zero if zero is not None else d.get("weights") == "zero":
             colls += [Collective("broadcast", grad / W, W, step, True, step) for _ in range(W)]
     return tl, colls

@@ -96,9 +96,10 @@ def test_approximate_ledger_matches_the_strategies_bytes():
     tl, colls = approximate_ledger(_summary("allgather-kv"), 2)
     assert tl.step_ms == 100.0 and tl.forward_end_ms < tl.backward_end_ms < 100.0
     ag = [c for c in colls if c.kind == "all_gather"]
-    assert len(ag) == 2 * 4 and all(c.bytes == bhsd and not c.is_async for c in ag)
+    assert len(ag) == 4 and all(c.bytes == 2 * bhsd and not c.is_async for c in ag)
     ar = [c for c in colls if c.kind == "all_reduce"]
     assert sum(c.bytes for c in ar) == pytest.approx(4e6) and all(c.is_async for c in ar)
+    assert ar[0].bytes == 2**20 and len(ar) == 2  # DDP's 1 MiB first bucket, then the rest
     _, colls = approximate_ledger(_summary("ulysses", "zero"), 4)
     assert sum(c.kind == "all_to_all" for c in colls) == 4 * 2 * 4
     assert sum(c.bytes for c in colls if c.kind == "broadcast") == pytest.approx(4e6)
