@@ -79,9 +79,11 @@ def reconcile(report, user: str = "torch(allgather)") -> dict | None:
         a = slot.get("sim") or slot["real"]  # the prediction comes from the simulated rank when there is one
         real = slot.get("real")
         pred = base["step_ms"] / a["projected_step_ms"]
-        row = {"W": W, "run": a["run"], "predicted_speedup": pred, "bounds": a["speedup"]["bounds"],
+        fake = a["collectives"] == "fake"  # bounds only for a prediction: a real step has its comm inside
+        row = {"W": W, "run": a["run"], "predicted_speedup": pred,
+               "bounds": a["speedup"]["bounds"] if fake else [None, None],
                "predicted_ms": a["projected_step_ms"], "basis": "simulated rank + predicted comm"
-               if a["collectives"] == "fake" else "real run (measured)", "link": a["prediction"]["link"],
+               if fake else "real run (measured)", "link": a["prediction"]["link"],
                "waterfall_ms": _waterfall(base, a, W), "isolated": a["speedup_isolated"],
                "noisy": a["noise"]["noisy"], "timer": a["timer"]}
         if real is not None and real is not a:  # the check: the same config on real processes
