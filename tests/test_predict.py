@@ -82,6 +82,14 @@ def test_ledger_records_and_their_median():
     assert p.predicted_ms == pytest.approx(102.0)  # the middle record: 101 + 1 ms
     p = predict_ledger(recs, LINK, step_ms=50.0)  # rescaled to the run's median step
     assert p.lower_ms == 50.0 and p.predicted_ms == pytest.approx(51.0)
+    # as the timing callback writes them: phase names without _ms, a probe step (busy time) left out, and a
+    # ring step's recv beside its send priced once
+    rec = {"step": 5, "kind": "timed", "step_ms": 100.0, "phases": {"forward_end": 30.0, "backward_end": 90.0},
+           "collectives": [{"kind": k, "bytes": 2 * MB, "group_size": 2, "async": True, "issue_ms": 80.0,
+                            "wait_ms": None, "stream": "compute"} for k in ("send", "recv")]}
+    probe = {**rec, "kind": "probe", "step_ms": 10.0}
+    p = predict_ledger([rec, probe], LINK)
+    assert p.lower_ms == 100.0 and p.comm_ms == pytest.approx(2.0) and p.predicted_ms == 100.0
 
 
 def _summary(cp, weights="ddp", rotate="allgather"):
