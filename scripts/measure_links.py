@@ -6,8 +6,9 @@
 Spawns W processes (one per GPU with NCCL), times each collective at message sizes from --min-bytes to
 --max-bytes (nccl-tests' "size": all_gather = output, reduce_scatter = input, all_to_all = send buffer),
 takes per size the median over iterations of the slowest rank, and fits time = latency + size x
-bus factor / busbw (links.fit). The YAML holds the fit and the raw times. Timer: CUDA events on GPU,
-perf_counter on CPU (synchronous collectives there).
+bus factor / busbw (links.fit). The YAML holds the fit, the raw times and the NCCL_* environment (NVLink
+SHARP is off on the lent machines: NCCL_NVLS_ENABLE=0 reproduces that elsewhere). Timer: CUDA events on
+GPU, perf_counter on CPU (synchronous collectives there).
 """
 
 import argparse
@@ -126,6 +127,7 @@ def worker(rank: int, args, port: int, result_path: str):
                                      {"backend": args.backend, "world": args.world, "device": env["device"],
                                       "torch": env["torch"], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                       "command": " ".join(["python", "scripts/measure_links.py", *sys.argv[1:]]),
+                                      "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
                                       "sizes_bytes": sizes, "times_ms": raw, "unsupported": skipped})
             links.save(prof, Path(result_path))
     finally:
