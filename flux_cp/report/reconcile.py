@@ -38,10 +38,14 @@ def _user_configs(configs: list[Config], user: str) -> tuple[list[Config], str |
     best = max(mine, key=score)
     same = [c for c in mine if _family(c) == _family(best) and c.key == best.key]
     k = best.key
-    if any(k.get(x) != v for x, v in USER_KEY.items()) or not str(k["precision"]).startswith("bf16"):
+    if not _is_user(best):
         what = ", ".join(f"{x} {k.get(x)}" for x in (*USER_KEY, "precision"))
         note = (note + "; " if note else "") + f"not the user's settings ({what}): the closest runs here"
     return same, note
+
+
+def _is_user(c: Config) -> bool:
+    return all(c.key.get(x) == v for x, v in USER_KEY.items()) and str(c.key["precision"]).startswith("bf16")
 
 
 def _waterfall(base: dict, a: dict, W: int) -> dict:
@@ -93,7 +97,8 @@ def reconcile(report, user: str = "torch(allgather)") -> dict | None:
                     "measured_spread_ms": real["step_spread_ms"]}
         rows.append(row)
     alts = _alternatives(report.configs, mine, base)
-    out = {"strategy": _family(mine[0]), "config": mine[0].title, "note": note, "baseline_run": base["run"],
+    out = {"strategy": _family(mine[0]), "config": mine[0].title, "note": note, "user_settings": _is_user(mine[0]),
+           "baseline_run": base["run"],
            "baseline_ms": base["step_ms"], "user_speedup": USER_SPEEDUP, "rows": rows, "alternatives": alts}
     out["answer"] = _answer(out)
     return out
@@ -126,7 +131,9 @@ def _answer(s: dict) -> list[str]:
     link = next((r["link"] for r in rows.values() if r["link"]), None)
     out.append(f"{s['strategy']} ({s['config']}) is predicted at {preds}"
                + (f", communication priced with {link}" if link else ", communication not priced") + ".")
-    if (r2 := rows.get(2)) and r2["bounds"][0]:
+    if not s["user_settings"]:
+        out.append(f"The user's {s['user_speedup']}x is not compared: these runs are not the user's settings.")
+    elif (r2 := rows.get(2)) and r2["bounds"][0]:
         lo, hi = r2["bounds"]
         where = "inside" if lo - 1e-9 <= s["user_speedup"] <= hi + 1e-9 else "outside"
         out.append(f"The user's {s['user_speedup']}x at W=2 is {where} the bounds (nothing overlapped {lo:.2f}x, "
