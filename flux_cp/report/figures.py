@@ -119,8 +119,9 @@ def reconcile_figure(rec: dict | None, out: Path) -> list[Path]:
     meas = [(r["W"], r["measured_speedup"]) for r in rows if "measured_speedup" in r]
     if meas:
         ax.plot(*zip(*meas), ls="none", marker="x", ms=10, mew=2, color="tab:red", label="measured (real processes)")
-    ax.plot([2], [rec["user_speedup"]], ls="none", marker="*", ms=14, color="gold", mec="k",
-            label=f"user's {rec['user_speedup']}x")
+    if rec.get("user_settings"):  # the user's figure only beside the user's settings
+        ax.plot([2], [rec["user_speedup"]], ls="none", marker="*", ms=14, color="gold", mec="k",
+                label=f"user's {rec['user_speedup']}x")
     best: dict[str, list] = {}
     for a in rec["alternatives"]:
         best.setdefault(f"{a['strategy']}, compile {a['compile']}", []).append((a["W"], a["speedup"]))
@@ -134,12 +135,13 @@ def reconcile_figure(rec: dict | None, out: Path) -> list[Path]:
     ax.set_title("predicted vs W", fontsize=9)
     # waterfall: each W a group of floating bars from 0 to the ideal, then each loss, ending at the prediction
     colors = dict(zip(WATERFALL, plt.get_cmap("tab10").colors))
-    width = 0.8 / len(WATERFALL)
+    parts = [k for k in WATERFALL if any(abs(r["waterfall_ms"][k]) > 1e-9 for r in rows)]  # e.g. no idle on CPU
+    width = 0.8 / len(parts)
     for i, r in enumerate(rows):
         run = 0.0
-        for j, k in enumerate(WATERFALL):
+        for j, k in enumerate(parts):
             v = r["waterfall_ms"][k]
-            x = i + (j - len(WATERFALL) / 2 + 0.5) * width
+            x = i + (j - len(parts) / 2 + 0.5) * width
             bx.bar(x, v, width, bottom=run if j else 0.0, color=colors[k], label=k if i == 0 else None)
             run += v
         bx.hlines(run, i - 0.4, i + 0.4, colors="k", lw=1.5, label="predicted step" if i == 0 else None)
