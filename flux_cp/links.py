@@ -8,6 +8,7 @@ tensor, all_to_all: the send buffer) and its busbw convention: time = latency + 
 the factor being what each rank's link carries per byte of size (nccl-tests' PERFORMANCE.md).
 """
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +83,31 @@ def load(path_or_name: str | Path) -> LinkProfile:
     if not p.exists() and (LINKS_DIR / f"{path_or_name}.yaml").exists():
         p = LINKS_DIR / f"{path_or_name}.yaml"
     return from_dict(yaml.safe_load(p.read_text()))
+
+
+def load_any(spec: str) -> "LinkProfile | dict[int, LinkProfile]":
+    """One profile, or with {W} in the path one per group size: {W: profile} for every file that matches."""
+    if "{W}" not in spec:
+        return load(spec)
+    pat = re.compile(re.escape(Path(spec).name).replace(re.escape("{W}"), r"(\d+)") + "$")
+    found = {int(m.group(1)): load(p) for p in Path(spec).parent.glob(Path(spec).name.replace("{W}", "*"))
+             if (m := pat.match(p.name))}
+    if not found:
+        raise ValueError(f"no file matches {spec}")
+    return found
+
+
+def for_world(link: "LinkProfile | dict[int, LinkProfile] | None", W: int) -> LinkProfile | None:
+    """The profile for a group of W ranks: the one measured at W, else at the nearest W."""
+    if not isinstance(link, dict):
+        return link
+    return link.get(W) or link[min(link, key=lambda w: (abs(w - W), w))]
+
+
+def name_of(link) -> str:
+    if isinstance(link, dict):
+        return ", ".join(f"{p.name} (W={w})" for w, p in sorted(link.items()))
+    return link.name
 
 
 def save(prof: LinkProfile, path: Path) -> Path:

@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--link", default="h200-nvlink4",
                    help="link profile for GPU runs: a configs/links name or a YAML (default h200-nvlink4)")
     p.add_argument("--cpu-link", default=None, help="link profile for CPU runs (scripts/measure_links.py writes one); "
-                   "without it CPU runs' communication is not priced")
+                   "without it CPU runs' communication is not priced. With {W} in a path (--link too): one profile "
+                   "per group size, the nearest measured W for the others")
     p.add_argument("--link-gbps", type=float, default=None,
                    help="instead of --link: every collective at this bus bandwidth, no latency (the old estimate)")
     p.add_argument("--reconcile", default="torch(allgather)", metavar="STRATEGY",
@@ -44,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.link_gbps is not None and not args.link_gbps > 0:
             raise ReportError(f"--link-gbps {args.link_gbps}: must be > 0 (GB/s bus bandwidth)")
         try:
-            link = links.flat(args.link_gbps) if args.link_gbps else links.load(args.link)
-            cpu_link = links.load(args.cpu_link) if args.cpu_link else None
+            link = links.flat(args.link_gbps) if args.link_gbps else links.load_any(args.link)
+            cpu_link = links.load_any(args.cpu_link) if args.cpu_link else None
         except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
             raise ReportError(f"link profile: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
         report = build(args.runs_dir, link=link, cpu_link=cpu_link, user=args.reconcile)

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from flux_cp.links import KindLink, LinkProfile, bus_factor, fit, load
+from flux_cp.links import KindLink, LinkProfile, bus_factor, fit, for_world, load, load_any, save
 from flux_cp.predict import Collective, Timeline, approximate_ledger, predict, predict_ledger
 
 # 1 GB/s bus bandwidth and no latency: a 1 MB all-reduce over 2 ranks carries 1 MB of bus bytes = 1 ms
@@ -129,3 +129,14 @@ def test_shipped_profiles_load_with_sources():
         assert set(p.kinds) >= {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send"}
         assert all(k.source for k in p.kinds.values())
     assert load("h200-nvlink4").kinds["all_reduce"].busbw_gbps == 370
+
+
+def test_profiles_per_group_size(tmp_path):
+    for w, bw in ((2, 1.0), (4, 2.0)):
+        p = load("h200-nvlink4")
+        p.name, p.kinds["all_reduce"].busbw_gbps = f"g{w}", bw
+        save(p, tmp_path / f"gloo-w{w}.yaml")
+    per = load_any(str(tmp_path / "gloo-w{W}.yaml"))
+    assert sorted(per) == [2, 4] and for_world(per, 4).name == "g4" and for_world(per, 8).name == "g4"
+    assert for_world(per, 3).name == "g2"  # equally near: the smaller W
+    assert for_world(LINK, 8) is LINK

@@ -16,6 +16,7 @@ import pytest
 from flux_cp import links
 from flux_cp.predict import approximate_ledger, predict, predict_ledger
 from flux_cp.report import OPS, build, tables
+from flux_cp.report import write as write_report
 from flux_cp.results import validate
 
 from .conftest import ROOT, bench
@@ -334,6 +335,8 @@ def test_noisy_pairs_are_not_conclusive(train_runs, tmp_path):
     assert a["noise"]["noisy"] and a["noise"]["kind"] == "IQR" and a["noise"]["spread_ms"] > a["noise"]["diff_ms"]
     assert "not conclusive: noisy" in a["verdict"] and "superlinear" not in a["verdict"]
     assert "perf_counter steps" in a["verdict"]
+    write_report(build(tmp_path), tmp_path / "out")  # the rendered report carries the warning
+    assert "not conclusive: noisy" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_nan_runs_strict_json(train_runs, tmp_path):

@@ -11,7 +11,7 @@ it to name the parts (labelled an estimate).
 from dataclasses import dataclass
 from pathlib import Path
 
-from flux_cp.links import LinkProfile
+from flux_cp.links import LinkProfile, for_world
 from flux_cp.predict import approximate_ledger, predict, predict_ledger
 
 from .runs import (
@@ -137,10 +137,10 @@ def noise(base: dict, a: dict) -> dict:
             "noisy": spread is not None and spread > diff}
 
 
-def analyse(config: Config, iso: list[dict], link: LinkProfile | None, cpu_link: LinkProfile | None) -> None:
+def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:
     """Fill every row's analysis: parts, speedups vs the baseline, prediction, Amdahl, verdict."""
     for row in config.rows:
-        row.a = analyse_row(row.run, row.W, link if row.run.on_gpu else cpu_link)
+        row.a = analyse_row(row.run, row.W, for_world(link if row.run.on_gpu else cpu_link, row.W))
         row.a["isolated_call_ms"] = match_isolated(iso, config.key, row.W, config.strategy)
     base = config.baseline.a if config.baseline else None
     for row in config.rows:
@@ -249,8 +249,8 @@ def _verdict(a: dict, base: dict | None) -> str:
 @dataclass
 class Report:
     root: Path
-    link: LinkProfile | None  # GPU runs' profile
-    cpu_link: LinkProfile | None  # CPU runs' (measured gloo) profile, or None: CPU comm not priced
+    link: LinkProfile | dict  # GPU runs' profile (or one per group size: {W: profile})
+    cpu_link: LinkProfile | dict | None  # CPU runs' (measured gloo) profile(s), or None: CPU comm not priced
     configs: list[Config]
     runs: list[Run]
     skipped: list[Skipped]
@@ -259,8 +259,7 @@ class Report:
 
     def to_dict(self) -> dict:
         return {
-            "root": str(self.root), "link": self.link and self.link.to_dict(),
-            "cpu_link": self.cpu_link and self.cpu_link.to_dict(),
+            "root": str(self.root), "link": _link_dict(self.link), "cpu_link": _link_dict(self.cpu_link),
             "configurations": [{"id": c.id, "title": c.title, "key": c.key, "strategy": c.strategy, "notes": c.notes,
                                 "rows": [{"baseline": r.baseline, **r.a} for r in c.rows]} for c in self.configs],
             "reconcile": self.reconcile,
@@ -269,7 +268,13 @@ class Report:
         }
 
 
-def build(root: Path, link: LinkProfile | None = None, cpu_link: LinkProfile | None = None,
+def _link_dict(link):
+    if isinstance(link, dict):
+        return {str(w): p.to_dict() for w, p in link.items()}
+    return link and link.to_dict()
+
+
+def build(root: Path, link=None, cpu_link=None,
           user: str = "torch(allgather)") -> Report:
     """Discover, group, analyse; then the reconciliation section for the user's strategy."""
     from flux_cp import links

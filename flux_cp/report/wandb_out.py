@@ -4,6 +4,8 @@ import os
 import statistics
 from pathlib import Path
 
+from flux_cp.links import name_of
+
 from .analysis import Report
 from .render import _intro, _skipped_rows, tables
 from .runs import OPS
@@ -19,7 +21,7 @@ def log_wandb(report: Report, paths: dict, out: Path, mode: str) -> Path | None:
     import wandb
 
     run = wandb.init(project="flux-cp", group=wandb_group(report), job_type="report", name="report",
-                     dir=str(out), mode=mode, config={"link": report.link.name, "root": str(report.root)})
+                     dir=str(out), mode=mode, config={"link": name_of(report.link), "root": str(report.root)})
     try:
         for c in report.configs:
             for title, hdr, rows in tables(c):
