@@ -384,10 +384,10 @@ def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
             run.cp = "torch" if run.accelerator == "gpu" else "allgather-kv"
         else:
             run.cp = "none" if run.devices == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
-    if run.cp == "torch" and run.accelerator != "gpu" and not sim:  # simulated ring chunks are plain SDPA calls
+    if run.cp == "torch" and run.accelerator != "gpu":
         raise ConfigError(
             "--cp torch: torch's context_parallel intercepts only CUDA SDPA kernels "
-            "(use --cp allgather-kv on CPU, --simulate-world W, or run on a GPU)"
+            "(use --cp allgather-kv on CPU, or run on a GPU)"
         )
     if run.cp == "none" and (run.devices > 1 or sim):
         raise ConfigError("--cp none: no split to measure or simulate (use --cp torch, allgather-kv or ulysses)")

@@ -48,14 +48,16 @@ _FUNCOL = {
     "all_to_all_single": ("all_to_all", False),
     "broadcast": ("broadcast", False),
 }
-_BACKEND_KEYS = {"cpu": torch._C.DispatchKey.CPU, "cuda": torch._C.DispatchKey.CUDA}
+_AFTER = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
 
 
 def _below(op, args, kwargs):
-    """The op's own backend kernel (this call only: the kernel's inner ops dispatch as usual)."""
+    """The op's own kernel below BackendSelect (the backend's, or Meta's while compiling), for this call only:
+    the kernel's inner ops dispatch as usual."""
     flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
-    device = next((t.device.type for t in flat if isinstance(t, torch.Tensor)), "cpu")
-    return op.redispatch(torch._C.DispatchKeySet(_BACKEND_KEYS[device]), *args, **kwargs)
+    t = next((t for t in flat if isinstance(t, torch.Tensor)), None)
+    keys = torch._C._dispatch_keys(t) if t is not None else torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    return op.redispatch(keys & _AFTER, *args, **kwargs)
 
 
 def _nbytes(x) -> int:
