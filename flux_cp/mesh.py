@@ -109,3 +109,14 @@ def lightning_strategy(run):
     if run.world_size > 1 or run.cp == "torch":
         return DDPStrategy(process_group_backend=backend, timeout=timeout)
     return "auto"
+
+
+def lightning_precision(run) -> dict:
+    """The Trainer's precision arguments. Lightning's ModelParallelStrategy accepts precisions from a list of names
+    without 64-true, though its DoublePrecision plugin works as bf16-true's HalfPrecision does there (module.to(dtype)
+    after configure_model's fully_shard; default dtype in init and forward): under fsdp it is given as a plugin."""
+    if run.weights == "fsdp" and run.precision == "64-true":
+        from lightning.pytorch.plugins import DoublePrecision
+
+        return {"precision": None, "plugins": [DoublePrecision()]}
+    return {"precision": run.precision}

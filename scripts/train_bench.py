@@ -58,7 +58,7 @@ def train(cfg) -> int:
         SyncDebugCallback,
     )
     from flux_cp.failures import EXIT_CODES, Watchdog, error_kind, error_line, kill_tree
-    from flux_cp.mesh import lightning_strategy
+    from flux_cp.mesh import lightning_precision, lightning_strategy
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
     from flux_cp.results import ERROR_FILE_PREFIX, env_info, read_errors
@@ -134,7 +134,7 @@ def train(cfg) -> int:
         devices=run.devices,
         num_nodes=run.num_nodes,
         strategy=strategy,
-        precision=run.precision,
+        **lightning_precision(run),  # 64-true under fsdp: a plugin (flux_cp.mesh.lightning_precision)
         max_steps=run.warmup_steps + profile_steps + run.steps,
         logger=logger,
         callbacks=callbacks,
