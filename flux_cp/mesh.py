@@ -88,6 +88,15 @@ def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole tensor, fp64 on CPU. Collective under FSDP (DTensor params): call on all ranks."""
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[name] = t.detach().double().cpu()
+    return out
+
+
 def lightning_strategy(run):
     """The Lightning strategy for `run.weights`.
 
