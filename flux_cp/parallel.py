@@ -52,7 +52,8 @@ def shard(x: torch.Tensor, dim: int, rank: int, world: int, what: str = "rows") 
     if not 0 <= rank < world:
         raise ValueError(f"shard: rank {rank} is not in 0..{world - 1} (world {world})")
     if x.shape[dim] % world:
-        raise ValueError(f"shard: {x.shape[dim]} {what} (dim {dim} of {tuple(x.shape)}) do not split evenly over {world} ranks")
+        n, shape = x.shape[dim], tuple(x.shape)
+        raise ValueError(f"shard: {n} {what} (dim {dim} of {shape}) do not split evenly over {world} ranks")
     return x.chunk(world, dim=dim)[rank]
 
 
