@@ -69,18 +69,22 @@ def load_exact(out: Path) -> dict:
             "params": torch.load(out / "params_final.pt")}
 
 
-def assert_exact(got: dict, ref: dict, rtol: float) -> None:
+def assert_exact(got: dict, ref: dict, rtol: float, params_rtol: float = 1e-10) -> None:
     """Same losses at every step (relative), same first-step gradients and final parameters (relative to each
-    tensor's largest entry: entries near zero carry the rounding of the large ones)."""
+    tensor's largest entry: entries near zero carry the rounding of the large ones).
+
+    Parameters get at least 1e-10: AdamW moves an entry whose gradient g nearly cancels by lr * g / (|g| + eps), so
+    g's rounding (~1e-18 absolute in fp64) comes out of each step multiplied by lr / eps = 1e5 (measured: 5.7e-13
+    relative after 10 steps at W=3, from one such entry; losses and gradients stay at ~1e-15)."""
     import torch
 
     loss, ref_loss = (torch.tensor(d["summary"]["loss"], dtype=torch.float64) for d in (got, ref))
     assert len(loss) == len(ref_loss) == EXACT_STEPS
     torch.testing.assert_close(loss, ref_loss, rtol=rtol, atol=0)
-    for key in ("grads", "params"):
+    for key, tol in (("grads", rtol), ("params", max(rtol, params_rtol))):
         assert got[key].keys() == ref[key].keys(), key
         for name, want in ref[key].items():
-            torch.testing.assert_close(got[key][name], want, rtol=rtol, atol=rtol * want.abs().max().item(),
+            torch.testing.assert_close(got[key][name], want, rtol=tol, atol=tol * want.abs().max().item(),
                                        msg=lambda m, n=name, k=key: f"{k} {n}: {m}")
 
 
