@@ -103,6 +103,7 @@ class RunConfig:
     gc_every: int = 0  # > 0: Python's automatic GC off in training, a young-generation collect every N steps
     dump_grads: bool = False  # save every parameter's gradient after the first step (numerics checks)
     dump_ops: bool = False  # save the compute ops (aten op, shapes) of the first measured step: ops_rank<r>.json
+    dump_params: bool = False  # save every parameter after the last step (numerics checks: the whole update)
     timeout_s: float = 900.0  # a stalled step (hung rank/collective) ends the run: process-group timeout + watchdog
     # op-only microbenchmark (flux_cp/opbench.py); lists are given as "4608,16384" or [4608, 16384]
     ops_only: bool = False  # time SDPA fwd/bwd and the QKV GEMM per call instead of training steps

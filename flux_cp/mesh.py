@@ -101,6 +101,15 @@ class DDPWithHook(_FakeSafeBroadcast, DDPStrategy):
         self.model.register_comm_hook(None, allreduce_hook)
 
 
+def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole tensor, fp64 on CPU. Collective under FSDP (DTensor params): call on all ranks."""
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[name] = t.detach().double().cpu()
+    return out
+
+
 def lightning_strategy(run):
     """The Lightning strategy for `run.weights`.
 
@@ -124,3 +133,12 @@ def lightning_strategy(run):
     return "auto"
 
 
+def lightning_precision(run) -> dict:
+    """The Trainer's precision arguments. Lightning's ModelParallelStrategy accepts precisions from a list of names
+    without 64-true, though its DoublePrecision plugin works as bf16-true's HalfPrecision does there (module.to(dtype)
+    after configure_model's fully_shard; default dtype in init and forward): under fsdp it is given as a plugin."""
+    if run.weights == "fsdp" and run.precision == "64-true":
+        from lightning.pytorch.plugins import DoublePrecision
+
+        return {"precision": None, "plugins": [DoublePrecision()]}
+    return {"precision": run.precision}

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from flux_cp.config import BenchConfig
 from flux_cp.data import DTYPES, make_loader
 from flux_cp.ledger import CommLedger, OpRecorder
-from flux_cp.mesh import build_mesh, build_optimizer, full_grads, optimizer_numel, shard_weights
+from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.parallel import apply_cp, make_strategy, shard, split_conditioning
 from flux_cp.timing import StepTimer
@@ -76,7 +76,8 @@ class FluxCPModule(L.LightningModule):
         # Each rank's RoPE angles: its own text and image tokens' positions, in [text, image] order.
         txt = shard(text_ids(data.text_tokens), 0, *self.split)
         img = shard(image_ids(data.image_height, data.image_width), 0, *self.split)
-        self.rope = self.model.rope(txt.to(self.device), img.to(self.device))  # (cos, sin), (S_l, head_dim)
+        dtype = torch.promote_types(DTYPES[run.precision], torch.float32)  # fp32 under bf16, fp64 in fp64 runs
+        self.rope = self.model.rope(txt.to(self.device), img.to(self.device), dtype)  # (cos, sin), (S_l, head_dim)
 
     # Host clock stamps around Lightning's copy of the batch to the device (the timing callback's data_ms, transfer_ms)
     def on_before_batch_transfer(self, batch, dataloader_idx):
@@ -98,17 +99,19 @@ class FluxCPModule(L.LightningModule):
 
     def _step(self, batch, batch_idx):
         opt = self.optimizers()
+        # Before the forward: FSDP2 leaves the root unit unsharded after it, where a model.zero_grad would clear the
+        # unsharded copies and the sharded grads (AdamW's) would sum over steps. ZeRO's param_groups hold every param.
+        opt.zero_grad(set_to_none=True)
         x, target, text = (shard(batch[k], 1, *self.split) for k in ("x_t", "target", "text"))  # (B, S/W, .)
         with self.strategy.step_context():
             pred = self.model(x, text, batch["pooled"], batch["t"], self.rope)
             # Mean over local image tokens of this rank's samples. Every rank holds the same number of tokens
             # (equal sequence shards of equally many samples), so the mean of the dp x cp local losses is the
             # global mean, and averaging gradients over all dp x cp ranks (DDP all-reduce, FSDP reduce-scatter)
-            # gives the gradient of the global loss.
-            loss = F.mse_loss(pred.float(), target.float())
+            # gives the gradient of the global loss. In fp32 at least (bf16 runs), fp64 in fp64 runs.
+            dtype = torch.promote_types(pred.dtype, torch.float32)
+            loss = F.mse_loss(pred.to(dtype), target.to(dtype))
             self.timer.mark("forward_end")
-            # every gradient, not only the optimizer's: a ZeRO share steps a part of them
-            self.model.zero_grad(set_to_none=True)
             self.manual_backward(loss)
             self.timer.mark("backward_end")  # DDP's bucket all-reduces are consumed here (the reducer waits)
         opt.step()
@@ -116,10 +119,16 @@ class FluxCPModule(L.LightningModule):
             self._dump_grads()
         return {"loss": loss.detach()}
 
+    def on_train_end(self):
+        if self.cfg.run.dump_params:
+            self._save(full_params(self.model), "params_final.pt")  # every rank: gathering FSDP's shards
+
     def _dump_grads(self):
-        grads = full_grads(self.model)  # every rank: gathering FSDP's sharded grads is a collective
+        self._save(full_grads(self.model), "grads_step0.pt")  # every rank: gathering FSDP's sharded grads
+
+    def _save(self, tensors: dict[str, torch.Tensor], name: str) -> None:
         if self.global_rank != 0:
             return
-        path = Path(self.cfg.run.output) / "grads_step0.pt"
+        path = Path(self.cfg.run.output) / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(grads, path)
+        torch.save(tensors, path)

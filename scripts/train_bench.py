@@ -58,7 +58,7 @@ def train(cfg) -> int:
         SyncDebugCallback,
     )
     from flux_cp.failures import EXIT_CODES, Watchdog, error_kind, error_line, kill_tree
-    from flux_cp.mesh import lightning_strategy
+    from flux_cp.mesh import lightning_precision, lightning_strategy
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
     from flux_cp.results import ERROR_FILE_PREFIX, env_info, read_errors
@@ -140,13 +140,14 @@ def train(cfg) -> int:
             config={**cfg.to_dict(), "env": header["env"], "collectives": header["collectives"],
                     "simulate": header["simulate"]},
         )
+    precision = lightning_precision(run)
     trainer = L.Trainer(
         accelerator=run.accelerator,
         devices=run.devices,
         num_nodes=run.num_nodes,
         strategy=strategy,
-        plugins=plugins or None,
-        precision=run.precision,
+        precision=precision["precision"],
+        plugins=plugins + precision.get("plugins", []) or None,  # 64-true under fsdp: a plugin (lightning_precision)
         max_steps=run.warmup_steps + profile_steps + run.steps,
         logger=logger,
         callbacks=callbacks,
