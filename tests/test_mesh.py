@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from flux_cp.config import ConfigError, parse_config, resolve
-from flux_cp.model import FluxDiT
 
 from .conftest import EXACT, EXACT_STEPS, ROOT, SCRIPT, TINY, assert_exact, bench, exact_run, free_port, load_exact
 
@@ -35,10 +34,6 @@ def _run(out, *args):
     r = bench(*COMMON, "--output", out, *args)
     assert r.returncode == 0, r.stderr[-3000:]
     return _load(out)
-
-
-def _tiny_params():
-    return list(FluxDiT(parse_config(["--config", str(TINY)]).model).parameters())
 
 
 @pytest.mark.parametrize(
