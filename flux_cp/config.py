@@ -30,6 +30,8 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
+    """Model dimensions (--model.KEY; Flux.1's by default)"""
+
     num_heads: int = 24
     head_dim: int = 128
     mlp_ratio: float = 4.0
@@ -48,6 +50,8 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    """Synthetic batches (--data.KEY)"""
+
     image_height: int = 64  # image tokens per column (1024 px / 8 VAE / 2 patch)
     image_width: int = 64
     text_tokens: int = 512
@@ -79,7 +83,8 @@ class RunConfig:
     warmup_steps: int = 5  # run first, excluded from the statistics (their loss is kept)
     lr: float = 1e-4
     num_workers: int | None = None  # data loader worker processes; default: 4 on GPU, 0 on CPU (steps use every core)
-    output: str | None = None  # default: runs/<run_name>
+    output: str | None = None  # run folder; default: a new runs/<run_name>/<time> (runs/<run_name>/latest points at it)
+    overwrite: bool = False  # let --output replace the complete run it holds
     group: str = "adhoc"  # sweep id: one wandb dashboard per group
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     timing: bool = True  # op regions (QKV GEMM, SDPA) inside the step
@@ -195,6 +200,9 @@ def _find_config(argv: list[str]) -> str | None:
     return None
 
 
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
 def _one_line(msg: str) -> str:
     """jsonargparse errors span lines; keep what names the setting and the problem."""
     lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
@@ -207,6 +215,10 @@ def _one_line(msg: str) -> str:
         lambda m: "--" + (m[1].replace("_", "-") if m[1] in run_keys else m[1]) + ":",
         text,
     )
+    text = re.sub(r"^(--[\w.-]+): Expected a typing\.Literal\[(.*)\]\. Got value: (.*)$",
+                  lambda m: f"{m[1]} {m[3]}: choose one of {m[2].replace(chr(39), '')}", text)
+    text = re.sub(r"^(--[\w.-]+): Expected a <class '(\w+)'>\. Got value: (.*)$",
+                  lambda m: f"{m[1]} {m[3]}: expected {_TYPE_WORDS.get(m[2], m[2])}", text)
     if "does not accept option" in text or "Unrecognized arguments" in text:
         text += " (see --help, or configs/flux_4608.yaml for every key)"
     return text
@@ -226,6 +238,7 @@ def resolve(
     if run.accelerator == "gpu" and run.devices > gpu_count:
         raise ConfigError(f"--devices {run.devices}: only {gpu_count} GPU(s) visible (use --devices <= {gpu_count})")
     check_nodes(run, os.environ if env is None else env)
+    check_dims(model, data)
     ranks = run.world_size
     if run.cp_degree is None:
         run.cp_degree = ranks  # pure CP, as with one node
@@ -272,10 +285,9 @@ def resolve(
         raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
     if run.timeout_s <= 0:
         raise ConfigError(f"--timeout-s {run.timeout_s}: must be > 0 seconds")
-    if sum(model.rope_axes) != model.head_dim or any(a % 2 for a in model.rope_axes):
-        raise ConfigError(
-            f"--model.rope_axes {model.rope_axes}: must be even and sum to head_dim {model.head_dim}"
-        )
+    if run.weights == "fsdp" and run.precision == "64-true":
+        raise ConfigError("--weights fsdp --precision 64-true: Lightning's FSDP2 strategy has no fp64 (use --precision "
+                          "32-true, or --weights ddp or zero)")
     if run.compile and run.warmup_steps < 2:
         raise ConfigError(
             f"--warmup-steps {run.warmup_steps}: --compile compiles (and may recompile) in warm-up; use >= 2"
@@ -293,20 +305,54 @@ def resolve(
     if run.idle_probe_every == 1 or run.idle_probe_every < 0:
         raise ConfigError(f"--idle-probe-every {run.idle_probe_every}: 0 (off) or >= 2")
     w = max(run.cp_degree, sim)
+    # the setting that made the split: --simulate-world when simulating, else the CP degree
+    what, fix = (f"--simulate-world {sim}", "use a --simulate-world") if sim > 1 else (f"the CP degree {w}",
+                                                                                        "use a --cp-degree")
     sizes = (("data.image_height * data.image_width", data.image_tokens), ("data.text_tokens", data.text_tokens))
     for name, n in sizes:
         if n % w:
             raise ConfigError(
-                f"{name} = {n} is not divisible by the CP degree {w} (image and text tokens are sharded "
-                f"separately: pick sizes divisible by {w}, or another --devices / --cp-degree)"
+                f"{name} = {n} is not divisible by {what} (image and text tokens are sharded separately: pick "
+                f"sizes divisible by {w}, or another {'--simulate-world' if sim > 1 else '--devices / --cp-degree'})"
             )
-    _check_heads(model, run.cp, w, f"the CP degree {w}", "use a --cp-degree")
+    _check_heads(model, run.cp, w, what, fix)
     if run.split_conditioning and (2 * model.hidden) % w + (3 * model.hidden) % w:
         raise ConfigError(
             f"--split-conditioning: the modulation linears' widths (2, 3 and 6 x hidden {model.hidden}) must divide "
             f"by the CP degree {w} (pick a CP degree dividing {2 * model.hidden} and {3 * model.hidden}, or drop it)"
         )
     return cfg
+
+
+def check_dims(model: ModelConfig, data: DataConfig) -> None:
+    """Dimensions the model and the batches can be built with (checked before any process starts)."""
+    positive = {"num_heads": model.num_heads, "in_channels": model.in_channels, "text_dim": model.text_dim,
+                "pooled_dim": model.pooled_dim}
+    for key, v in positive.items():
+        if v < 1:
+            raise ConfigError(f"--model.{key} {v}: must be >= 1")
+    if model.head_dim < 6 or model.head_dim % 2:
+        raise ConfigError(f"--model.head_dim {model.head_dim}: must be even and >= 6 (three RoPE axes rotate pairs "
+                          "of channels)")
+    if model.mlp_ratio <= 0 or int(model.hidden * model.mlp_ratio) < 1:
+        raise ConfigError(f"--model.mlp_ratio {model.mlp_ratio}: must be > 0")
+    if model.double_blocks < 0 or model.single_blocks < 0 or model.double_blocks + model.single_blocks < 1:
+        raise ConfigError(f"--model.double_blocks {model.double_blocks} --model.single_blocks {model.single_blocks}: "
+                          "need >= 0 of each and at least one block")
+    axes = model.rope_axes
+    if len(axes) != 3 or min(axes) < 2 or sum(axes) != model.head_dim or any(a % 2 for a in axes):
+        raise ConfigError(f"--model.rope_axes {axes}: three even sizes (text/index, row, col) summing to head_dim "
+                          f"{model.head_dim}, e.g. {_rope_example(model.head_dim)}")
+    for key in ("image_height", "image_width", "text_tokens", "batch_size"):
+        if getattr(data, key) < 1:
+            raise ConfigError(f"--data.{key} {getattr(data, key)}: must be >= 1")
+
+
+def _rope_example(head_dim: int) -> list[int]:
+    """Flux's split (16, 56, 56 of 128) scaled to head_dim, kept even."""
+    a = max(2, 2 * round(head_dim / 16))
+    b = 2 * ((head_dim - a) // 4)
+    return [head_dim - 2 * b, b, b]
 
 
 def _check_heads(model: ModelConfig, cp: str, w: int, what: str, fix: str) -> None:
@@ -389,7 +435,10 @@ def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
     for w in run.simulate_world or [run.devices]:
         for s in run.seq_lens:
             image, text = split_seq_len(s, data)
-            if image < 1 or image % w or text % w:
+            if image < 1:
+                raise ConfigError(f"--seq-lens {s}: shorter than the text tokens (data.text_tokens {text}) plus one "
+                                  f"image token: use lengths > {text}")
+            if image % w or text % w:
                 raise ConfigError(
                     f"--seq-lens {s}: {image} image + {text} text tokens (data.text_tokens) do not both divide by "
                     f"W = {w} (they are sharded separately: pick a length whose image part divides by {w})"

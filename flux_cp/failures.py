@@ -80,16 +80,18 @@ class Watchdog(threading.Thread):
         self.limit_s = timeout_s + (grace_s if grace_s is not None else max(5.0, 0.1 * timeout_s))
         self.on_fire = on_fire  # called once before exiting, e.g. to record the timeout in summary.json
         self._last = time.monotonic()
-        self._stop = threading.Event()
+        # not `_stop`: threading.Thread._stop() is a method, called on every other thread in a forked child
+        # (DataLoader workers): an Event there is `TypeError: 'Event' object is not callable`
+        self._halt = threading.Event()
 
     def beat(self) -> None:
         self._last = time.monotonic()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._halt.wait(0.5):
             if time.monotonic() - self._last < self.limit_s:
                 continue
             try:

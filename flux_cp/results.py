@@ -4,6 +4,7 @@ Written atomically (temp file + rename) so that a crash never leaves half a file
 as steps complete, so that a run that fails midway keeps what it measured (`complete: false`).
 """
 
+import contextlib
 import json
 import os
 import platform
@@ -147,11 +148,16 @@ def write_json_atomic(path: Path, data: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # disk full, a value JSON cannot hold, Ctrl-C: no temp file left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from flux_cp.config import ConfigError, parse_config, resolve, run_name  # noqa: E402
+from flux_cp.outputs import run_dir  # noqa: E402
 
 
 def is_launcher_process() -> bool:
@@ -31,9 +32,16 @@ def main(argv: list[str] | None = None) -> int:
         given = sys.argv[1:] if argv is None else argv
         cfg = parse_config(given, cuda_available=torch.cuda.is_available())
         cfg = resolve(cfg, cuda_available=torch.cuda.is_available(), gpu_count=torch.cuda.device_count())
+        # global rank 0's process claims the run folder before any other rank starts (flux_cp/outputs.py)
+        claimer = is_launcher_process() and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+        mode = "ops" if cfg.run.ops_only else "train"
+        cfg.run.output = run_dir(cfg.run.output, run_name(cfg, mode), cfg.run.overwrite, claimer)
     except ConfigError as e:
         print(f"train_bench.py: error: {e}", file=sys.stderr)
         return 2
+    if is_launcher_process() and cfg.run.warmup_steps == 0 and not cfg.run.ops_only:
+        print("train_bench.py: warning: --warmup-steps 0: the first step (allocations, kernel choice, caches; often "
+              "10x a steady one) is measured", file=sys.stderr)
     if is_launcher_process() and not any(a == "--config" or a.startswith("--config=") for a in given):
         where = "a GPU is visible" if cfg.run.accelerator == "gpu" else "no GPU found: a tiny CPU config"
         print(f"train_bench.py: {where}, using {cfg.config_file} (choose with --config)", file=sys.stderr)
@@ -61,15 +69,11 @@ def train(cfg) -> int:
     from flux_cp.mesh import lightning_strategy
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
-    from flux_cp.results import ERROR_FILE_PREFIX, env_info, read_errors
+    from flux_cp.results import env_info, read_errors
 
     run = cfg.run
     name = run_name(cfg)
-    run.output = run.output or str(Path("runs") / name)
-    out = Path(run.output)
-    if is_launcher_process():  # before the other ranks start: error files of an earlier run in this folder go
-        for f in out.glob(f"{ERROR_FILE_PREFIX}*.json"):
-            f.unlink()
+    out = Path(run.output)  # claimed in main(): fresh, or cleared of an earlier run's record
     # Backstop for a stalled step, in every rank; the process-group timeout below normally fires first.
     watchdog = Watchdog(run.timeout_s, on_fire=lambda exc: timing.record_failure(trainer.global_rank, exc))
     watchdog.start()
