@@ -128,3 +128,14 @@ def run_dir(output: str | None, name: str, overwrite: bool, claimer: bool) -> st
     if claimer:
         return str(claim(output, name, overwrite))
     return os.environ.get(RUN_DIR_ENV) or output or str(default_output(Path("runs"), name))
+
+
+WANDB_INIT_TIMEOUT_S = 20.0  # wandb's own default is 90 s, and it retries: ~2 minutes of a run blocked without network
+
+
+def wandb_settings():
+    """Quiet, bounded wandb: no git probing (its "git root" warning), a short start-up timeout."""
+    import wandb
+
+    timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", WANDB_INIT_TIMEOUT_S))
+    return wandb.Settings(init_timeout=timeout, disable_git=True)

@@ -25,7 +25,17 @@ def is_launcher_process() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
+def quiet() -> None:
+    """What a run prints is its own: wandb's banner and hints, Lightning's tips and info lines, a deprecation
+    warning from Lightning's pytree helper stay out (WANDB_SILENT=false brings wandb's back)."""
+    os.environ.setdefault("WANDB_SILENT", "true")
+    warnings.filterwarnings("ignore", r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet()
     import torch
 
     try:
@@ -45,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     if is_launcher_process() and not any(a == "--config" or a.startswith("--config=") for a in given):
         where = "a GPU is visible" if cfg.run.accelerator == "gpu" else "no GPU found: a tiny CPU config"
         print(f"train_bench.py: {where}, using {cfg.config_file} (choose with --config)", file=sys.stderr)
+    import logging
+
+    import lightning  # noqa: F401  (it sets its loggers' level on import: lowered after)
+
+    for name in ("lightning.pytorch", "lightning.fabric"):  # "GPU available", tips; warnings stay
+        logging.getLogger(name).setLevel(logging.WARNING)
     if cfg.run.ops_only:
         from flux_cp.opbench import run_ops
 
@@ -54,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(cfg) -> int:
     import lightning as L
-    from lightning.pytorch.callbacks import RichProgressBar
 
     from callbacks import (
         FaultInjectionCallback,
@@ -63,6 +78,7 @@ def train(cfg) -> int:
         KernelProfileCallback,
         OpTimingCallback,
         ResilientWandbLogger,
+        StepProgressBar,
         SyncDebugCallback,
     )
     from flux_cp.failures import EXIT_CODES, Watchdog, error_kind, error_line, kill_tree
@@ -77,8 +93,6 @@ def train(cfg) -> int:
     # Backstop for a stalled step, in every rank; the process-group timeout below normally fires first.
     watchdog = Watchdog(run.timeout_s, on_fire=lambda exc: timing.record_failure(trainer.global_rank, exc))
     watchdog.start()
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
 
     module = FluxCPModule(cfg)
     # DDP or FSDP2 (ModelParallelStrategy) over the dp x cp ranks; a simulation needs no process group.
@@ -113,7 +127,8 @@ def train(cfg) -> int:
         timing_ab=run.timing_ab,
         idle_probe_every=run.idle_probe_every,
     )
-    callbacks = [timing, RichProgressBar(), GuardCallback(watchdog)]
+    bar = sys.stderr.isatty() and sys.stdout.isatty()  # a live bar in a log file is control codes
+    callbacks = [timing, GuardCallback(watchdog)] + ([StepProgressBar(timing.skip, run.steps)] if bar else [])
     if run.sync_debug:  # first: its figures are in the summary the timing callback writes at the end
         callbacks.insert(0, SyncDebugCallback(timing, run.warmup_steps + profile_steps))
     if run.gc_every:
@@ -145,6 +160,7 @@ def train(cfg) -> int:
         default_root_dir=str(out),
         enable_checkpointing=False,
         enable_model_summary=False,
+        enable_progress_bar=bar,
         num_sanity_val_steps=0,
         limit_val_batches=0,
         use_distributed_sampler=False,  # SyntheticFlow splits over dp itself; CP ranks then take their shard
@@ -207,6 +223,12 @@ def print_summary(d: dict, path: Path) -> None:
     for n in notes:
         console.print(n)
     console.print(f"loss: first {d['loss'][0]:.6f}  last {d['loss'][-1]:.6f}   summary: {path}", soft_wrap=True)
+    if d["mode"] == "train" and "step_ms" in d["metrics"]:
+        from flux_cp.verdict import verdict
+
+        roots = [r for r in dict.fromkeys([Path("runs"), path.parent.parent]) if r.is_dir()]
+        for line in verdict(d, path.parent, roots):
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 if __name__ == "__main__":
