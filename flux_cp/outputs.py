@@ -24,7 +24,8 @@ from flux_cp.config import ConfigError
 
 LOCK = "run.lock"
 RUN_DIR_ENV = "FLUX_CP_RUN_DIR"  # the launcher's chosen folder, inherited by the ranks it starts
-PREVIOUS = ("summary.json", "error-rank*.json", ".summary.json.*.tmp", ".error-rank*.tmp", "wandb", "traces")
+PREVIOUS = ("summary.json", "error-rank*.json", ".summary.json.*.tmp", ".error-rank*.tmp", ".heartbeat-rank*", "wandb",
+            "traces")
 
 
 def default_output(root: Path, name: str, env=os.environ) -> Path:

@@ -81,11 +81,11 @@ def train(cfg) -> int:
         StepProgressBar,
         SyncDebugCallback,
     )
-    from flux_cp.failures import EXIT_CODES, Watchdog, error_kind, error_line, kill_tree
+    from flux_cp.failures import EXIT_CODES, HEARTBEAT, Watchdog, culprit, error_kind, error_line, kill_tree
     from flux_cp.mesh import lightning_strategy
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
-    from flux_cp.results import env_info, read_errors
+    from flux_cp.results import ERROR_FILE_PREFIX, env_info, read_errors, write_json_atomic
 
     run = cfg.run
     name = run_name(cfg)
@@ -128,7 +128,7 @@ def train(cfg) -> int:
         idle_probe_every=run.idle_probe_every,
     )
     bar = sys.stderr.isatty() and sys.stdout.isatty()  # a live bar in a log file is control codes
-    callbacks = [timing, GuardCallback(watchdog)] + ([StepProgressBar(timing.skip, run.steps)] if bar else [])
+    callbacks = [timing, GuardCallback(watchdog, out)] + ([StepProgressBar(timing.skip, run.steps)] if bar else [])
     if run.sync_debug:  # first: its figures are in the summary the timing callback writes at the end
         callbacks.insert(0, SyncDebugCallback(timing, run.warmup_steps + profile_steps))
     if run.gc_every:
@@ -170,7 +170,16 @@ def train(cfg) -> int:
         trainer.fit(module)
     except BaseException as e:  # recorded in summary.json by the callbacks; here: the exit code, no orphans
         if is_launcher_process():
+            # Before the other ranks go: the rank they waited for (hung, or died without a word) is the run's error,
+            # not the consequent one of the rank that noticed.
+            recorded = {x["error_rank"] for x in read_errors(out)} | {trainer.global_rank}
+            if run.world_size > 1 and (c := culprit(out, run.world_size, recorded)):
+                c["shape"] = (read_errors(out) or [{}])[0].get("shape")
+                write_json_atomic(out / f"{ERROR_FILE_PREFIX}{c['error_rank']}.json", c)
+                timing.summary.write(complete=False)
             kill_tree(os.getpid())  # the other ranks, if still running (e.g. stuck in a collective)
+            for f in out.glob(HEARTBEAT.format("*")):
+                f.unlink(missing_ok=True)
         errors = read_errors(out)  # the run's first error (maybe another rank's) decides the exit code
         kind, line = (errors[0]["error_kind"], errors[0]["error"]) if errors else (error_kind(e), error_line(e))
         print(f"train_bench.py: rank {trainer.global_rank}: run failed ({kind}): {line}", file=sys.stderr)
