@@ -6,10 +6,12 @@ other wandb error (no API key, a dead wandb service) is reported in one line on 
 is a no-op and the run goes on.
 """
 
+import sys
+
 from lightning.fabric.loggers.logger import _DummyExperiment
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only
 
 from flux_cp.outputs import wandb_settings
 
@@ -25,7 +27,7 @@ class ResilientWandbLogger(WandbLogger):
     def _fail(self, e: Exception) -> None:
         if self.failed is None:
             self.failed = _line(e)
-            rank_zero_warn(f"wandb failed, continuing without it (summary.json is complete): {self.failed}")
+            _say(f"wandb failed, continuing without it (summary.json is complete): {self.failed}")
 
     @property
     @rank_zero_experiment
@@ -38,7 +40,7 @@ class ResilientWandbLogger(WandbLogger):
             if self._offline:
                 self._fail(e)
                 return _DummyExperiment()
-            rank_zero_warn(f"wandb online did not start ({_line(e)}); logging offline (`wandb sync` later)")
+            _say(f"wandb online did not start ({_line(e)}); logging offline instead (`wandb sync` later)")
         self._offline = True
         self._wandb_init["mode"] = "offline"
         return self.experiment
@@ -63,6 +65,11 @@ class ResilientWandbLogger(WandbLogger):
             fn(*args)
         except Exception as e:
             self._fail(e)
+
+
+@rank_zero_only
+def _say(msg: str) -> None:
+    print(f"train_bench.py: {msg}", file=sys.stderr, flush=True)
 
 
 def _line(e: Exception) -> str:
