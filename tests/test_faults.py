@@ -9,6 +9,8 @@ import sys
 import time
 import uuid
 
+import pytest
+
 from callbacks.faults import SLEEPING
 from flux_cp.failures import EXIT_INTERRUPTED, EXIT_TIMEOUT
 
@@ -45,13 +47,27 @@ def test_a_rank_raising_fails_the_run_and_keeps_its_steps(tmp_path):
     assert leftover_processes(marker) == []
 
 
-def test_a_hung_rank_ends_the_run_after_the_timeout(tmp_path):
-    r, took, marker = faulty(tmp_path, "rank=1,step=2,kind=hang", "--timeout-s", 20)
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_run_after_the_timeout_and_is_named(tmp_path):
+    r, took, marker = faulty(tmp_path, "rank=1,step=2,kind=hang", "--timeout-s", 15)
     assert r.returncode == EXIT_TIMEOUT, r.stderr[-3000:]
-    assert 20 < took < 60
+    assert 15 < took < 60
     d = _summary(tmp_path)
     assert d["complete"] is False and d["error_kind"] == "timeout"
+    # the rank that hung, not rank 0 whose collective timed out waiting for it
+    assert d["error_rank"] == 1 and d["error"].startswith("rank 1 stalled in step 2 at callbacks/faults.py:"), d
+    assert "rank 1 stalled in step 2" in r.stderr.strip().splitlines()[-1]
     assert len(d["loss"]) == 2 and d["metrics"]["step_ms"]["n"] == 1
+    assert leftover_processes(marker) == [] and not list(tmp_path.glob(".heartbeat*"))
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_named(tmp_path):
+    """A rank killed from outside (as by the OOM killer) leaves no error of its own: the run's error names it."""
+    r, took, marker = faulty(tmp_path, "rank=1,step=2,kind=kill", "--timeout-s", 15)
+    assert r.returncode == 1, r.stderr[-3000:]
+    d = _summary(tmp_path)
+    assert d["complete"] is False and d["error_rank"] == 1 and d["error"].startswith("rank 1 died, last seen in step")
     assert leftover_processes(marker) == []
 
 
