@@ -7,6 +7,7 @@ Model and data settings are nested (`--model.num_heads 4`); run settings are top
 
 import argparse
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -147,6 +148,7 @@ RUN_GROUPS = {
 }
 
 
+@functools.cache
 def field_help(cls) -> dict[str, str]:
     """Each field's comment in the source (on its line, else the lines just above it): its --help text."""
     import inspect
@@ -169,6 +171,7 @@ def field_help(cls) -> dict[str, str]:
     return {f.name: out.get(f.name, "") for f in dataclasses.fields(cls)}
 
 
+@functools.cache  # a sweep parses every run's settings: build the parser once
 def _parser(defaults_from: str | None = None):
     from jsonargparse import ActionConfigFile, ArgumentParser
 

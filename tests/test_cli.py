@@ -2,7 +2,6 @@
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import psutil
@@ -11,10 +10,7 @@ import pytest
 from flux_cp.outputs import LOCK, claim
 from flux_cp.results import TRAIN_METRICS, validate
 
-from .conftest import ROOT, TINY, bench
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import train_bench  # noqa: E402
+from .conftest import TINY, bench, main_in_process, train_bench
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +59,7 @@ def test_a_run_prints_no_noise_and_ends_with_its_answer(two_ranks):
 def test_a_complete_run_is_never_overwritten(two_ranks):
     out, _ = two_ranks
     before = (out / "summary.json").read_text()
-    rc, lines = _main_in_process("--devices", 2, "--output", out)
+    rc, lines = main_in_process("--devices", 2, "--output", out)
     assert rc == 2 and lines == [
         f"train_bench.py: error: --output {out}: holds a complete run (its summary.json); add --overwrite to replace "
         "it, or leave --output out for a new folder"]
@@ -74,7 +70,7 @@ def test_a_live_run_holds_its_folder(tmp_path):
     """The lock names a live process (this one): a second run is refused before any rank starts."""
     me = psutil.Process()
     (tmp_path / LOCK).write_text(json.dumps({"pid": me.pid, "started": me.create_time(), "since": "now"}))
-    rc, lines = _main_in_process("--output", tmp_path)
+    rc, lines = main_in_process("--output", tmp_path)
     assert rc == 2 and lines[0].startswith(f"train_bench.py: error: --output {tmp_path}: a live run (pid {me.pid}")
 
 
@@ -125,17 +121,6 @@ def test_gc_every_collects_on_schedule_only(tmp_path):
     assert len(gc_ms) == 7 and all((ms > 0) == c for ms, c in zip(gc_ms, collected)), gc_ms
 
 
-def _main_in_process(*args) -> tuple[int, list[str]]:
-    """train_bench.main as the command line runs it (exit code, stderr lines); for errors found before any rank."""
-    import contextlib
-    import io
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        rc = train_bench.main(list(map(str, args)))
-    return rc, err.getvalue().strip().splitlines()
-
-
 BAD = [
     (["--devices", 5], "not divisible by the CP degree 5"),
     (["--devices", 3, "--cp", "ulysses"], "--model.num_heads 4 is not divisible by the CP degree 3"),
@@ -167,7 +152,7 @@ BAD = [
 
 @pytest.mark.parametrize(("args", "message"), BAD)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
-    rc, lines = _main_in_process(*args, "--output", tmp_path / "run")
+    rc, lines = main_in_process(*args, "--output", tmp_path / "run")
     assert rc == 2
     assert len(lines) == 1 and lines[0].startswith("train_bench.py: error: ") and message in lines[0], lines
     assert not (tmp_path / "run").exists()  # nothing ran, not even the folder
@@ -181,7 +166,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 def test_an_output_that_cannot_be_written_is_refused_up_front(tmp_path, output, message):
     (tmp_path / "file").write_text("")
     out = output if output.startswith("/") else tmp_path / output
-    rc, lines = _main_in_process("--output", out)
+    rc, lines = main_in_process("--output", out)
     assert rc == 2 and len(lines) == 1 and lines[0].startswith(f"train_bench.py: error: --output {out}: {message}")
 
 
@@ -193,7 +178,7 @@ def test_the_real_command_fails_in_one_line(tmp_path):
 
 def test_help_describes_groups_and_where_defaults_come_from(capsys):
     with pytest.raises(SystemExit) as e:
-        train_bench.main(["--help"])
+        train_bench().main(["--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0
     assert "Defaults shown are configs/tiny.yaml's (no GPU on this machine" in " ".join(out.split())
