@@ -48,6 +48,17 @@ def error_line(exc: BaseException) -> str:
     return " ".join(lines)[:500]
 
 
+def out_of_space(exc: BaseException | None) -> bool:
+    """The error, or one it happened while handling, is a full disk, quota or file-size limit."""
+    import errno
+
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 # ---------------------------------------------------------------- processes
 
 

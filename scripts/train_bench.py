@@ -81,7 +81,16 @@ def train(cfg) -> int:
         StepProgressBar,
         SyncDebugCallback,
     )
-    from flux_cp.failures import EXIT_CODES, HEARTBEAT, Watchdog, culprit, error_kind, error_line, kill_tree
+    from flux_cp.failures import (
+        EXIT_CODES,
+        HEARTBEAT,
+        Watchdog,
+        culprit,
+        error_kind,
+        error_line,
+        kill_tree,
+        out_of_space,
+    )
     from flux_cp.mesh import lightning_strategy
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
@@ -182,6 +191,8 @@ def train(cfg) -> int:
                 f.unlink(missing_ok=True)
         errors = read_errors(out)  # the run's first error (maybe another rank's) decides the exit code
         kind, line = (errors[0]["error_kind"], errors[0]["error"]) if errors else (error_kind(e), error_line(e))
+        if out_of_space(e):  # summary.json kept its last good version: it lacks the last steps and the error
+            line += f" (out of disk space, quota or file-size limit: {out / 'summary.json'} is out of date)"
         print(f"train_bench.py: rank {trainer.global_rank}: run failed ({kind}): {line}", file=sys.stderr)
         return EXIT_CODES[kind]
     watchdog.stop()

@@ -94,3 +94,23 @@ def test_sigterm_flushes_an_incomplete_summary(tmp_path):
     assert d["complete"] is False and d["error_kind"] == "interrupted" and d["error"] == "Terminated: SIGTERM"
     assert len(d["loss"]) == 2 and d["metrics"]["step_ms"]["n"] == 1
     assert leftover_processes(marker) == []
+
+
+def test_a_full_disk_is_said_and_leaves_no_temp_files(tmp_path):
+    """A file-size limit (as a full disk: the OS refuses the write) hit while rewriting summary.json."""
+    import resource
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails (EFBIG) instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))  # summary.json outgrows it within a few steps
+
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_SILENT": "true"}
+    cmd = [sys.executable, str(SCRIPT), "--wandb-mode", "disabled", "--steps", 8, "--output", tmp_path / "run"]
+    r = subprocess.run(list(map(str, cmd)), env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       preexec_fn=limit)
+    assert r.returncode == 1, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("train_bench.py: rank 0: run failed (failed): OSError: [Errno 27] File too large"), last
+    assert "out of disk space, quota or file-size limit" in last and "Traceback" not in r.stderr
+    assert not list((tmp_path / "run").glob(".*.tmp"))
+    assert _summary(tmp_path / "run")["complete"] is False
