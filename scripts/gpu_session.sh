@@ -7,7 +7,7 @@ OUT=${OUT:-runs/gpu_session}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_SILENT=true
 R=runs/gpu; mkdir -p "$R"
 F=configs/flux_4608.yaml
-TB="python3 scripts/train_bench.py --config $F --devices 1 --group gpu-session"
+TB="python3 scripts/train_bench.py --config $F --devices 1 --group gpu-session --overwrite"  # sections rerun into runs/gpu/<name>
 log() { echo "== $(date -u +%FT%TZ) $*"; }
 tb() { local name=$1; shift; log "train $name: $*"; $TB --output "$R/$name" "$@" 2>&1 | grep -vE "Warning|warn\(|^\s*$" | tail -18; }
 
@@ -46,7 +46,7 @@ ops() {
   log "pytest -m gpu tests/test_ops.py"; python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/test_ops.py 2>&1 | tail -8
   python3 scripts/plain_sdpa_timing.py --seq-len 4608 2>&1 | tail -4
   python3 scripts/plain_sdpa_timing.py --seq-len 100000 --reps 5 2>&1 | tail -4
-  OPS="python3 scripts/train_bench.py --ops-only --config $F --seq-lens 4608,100000 --seed-compat --graph --group gpu-ops"
+  OPS="python3 scripts/train_bench.py --ops-only --config $F --seq-lens 4608,100000 --seed-compat --graph --group gpu-ops --overwrite"
   log "ops none"; $OPS --cp none --output $R/ops-none 2>&1 | tail -40
   log "ops torch W=1"; $OPS --devices 1 --cp torch --output $R/ops-torch-w1 2>&1 | tail -30
   log "ops sim torch"; $OPS --cp torch --simulate-world 2,4,8 --output $R/ops-sim-torch 2>&1 | tail -60
@@ -74,7 +74,7 @@ simulate2() {
 
 # Issue 4 gap: the seed method under real torch CP at W=1 (host-bound hypothesis).
 ops_torch_w1() {
-  python3 scripts/train_bench.py --ops-only --config $F --seq-lens 4608 --seed-compat --graph --group gpu-ops \
+  python3 scripts/train_bench.py --ops-only --config $F --seq-lens 4608 --seed-compat --graph --group gpu-ops --overwrite \
     --devices 1 --cp torch --output $R/ops-torch-w1 2>&1 | tail -30
 }
 
