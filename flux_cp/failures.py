@@ -96,7 +96,7 @@ class Watchdog(threading.Thread):
     def __init__(self, timeout_s: float, on_fire=None, grace_s: float | None = None):
         super().__init__(daemon=True, name="flux-cp-watchdog")
         self.limit_s = timeout_s + (grace_s if grace_s is not None else max(5.0, 0.1 * timeout_s))
-        self.on_fire = on_fire  # called once before exiting, e.g. to record the timeout in summary.json
+        self.on_fire = on_fire  # on_fire(exc, at) once before exiting, e.g. to record the timeout in summary.json
         self._last = time.monotonic()
         # not `_stop`: threading.Thread._stop() is a method, called on every other thread in a forked child
         # (DataLoader workers): an Event there is `TypeError: 'Event' object is not callable`
@@ -114,9 +114,7 @@ class Watchdog(threading.Thread):
             self.heartbeat.unlink(missing_ok=True)
 
     def _write_heartbeat(self) -> None:
-        frame = sys._current_frames().get(threading.main_thread().ident)
-        where = f"{_short(frame.f_code.co_filename)}:{frame.f_lineno} {frame.f_code.co_name}" if frame else "?"
-        beat = {"pid": os.getpid(), "step": self.step, "since": self._since, "where": where, "time": time.time()}
+        beat = {"pid": os.getpid(), "step": self.step, "since": self._since, "where": _where(), "time": time.time()}
         tmp = self.heartbeat.with_suffix(".tmp")
         try:
             tmp.write_text(json.dumps(beat))
@@ -132,7 +130,10 @@ class Watchdog(threading.Thread):
                 continue
             try:
                 if self.on_fire is not None:
-                    self.on_fire(TimeoutError(f"watchdog: no training step progressed within {self.limit_s:.0f} s"))
+                    where = _where()
+                    own = "torch/" not in where  # stuck in its own code, not waiting for other ranks: the culprit
+                    self.on_fire(TimeoutError(f"watchdog: stalled in step {self.step} at {where}: no training step "
+                                              f"progressed within {self.limit_s:.0f} s"), self._since if own else None)
             finally:
                 kill_tree(os.getpid())
                 os._exit(EXIT_TIMEOUT)
@@ -140,6 +141,12 @@ class Watchdog(threading.Thread):
 
 POLL_S = 0.5
 HEARTBEAT = ".heartbeat-rank{}.json"  # in the run's folder, one per rank while it runs
+
+
+def _where() -> str:
+    """file:line function of the main thread's innermost frame."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno} {frame.f_code.co_name}" if frame else "?"
 
 
 def _short(path: str) -> str:

@@ -120,9 +120,9 @@ class RunSummary:
             d |= {k: errors[0][k] for k in ("error_kind", "error_rank", "shape")}
         return d
 
-    def record_error(self, rank: int, error: str, kind: str, shape: dict) -> Path:
+    def record_error(self, rank: int, error: str, kind: str, shape: dict, at: float | None = None) -> Path:
         """Rank's own error file (no other rank writes it), then summary.json with every error so far."""
-        entry = {"error_rank": rank, "error": error, "error_kind": kind, "shape": shape, "time": time.time()}
+        entry = {"error_rank": rank, "error": error, "error_kind": kind, "shape": shape, "time": at or time.time()}
         write_json_atomic(self.path.parent / f"{ERROR_FILE_PREFIX}{rank}.json", entry)
         return self.write(complete=False)
 

@@ -100,7 +100,8 @@ def train(cfg) -> int:
     name = run_name(cfg)
     out = Path(run.output)  # claimed in main(): fresh, or cleared of an earlier run's record
     # Backstop for a stalled step, in every rank; the process-group timeout below normally fires first.
-    watchdog = Watchdog(run.timeout_s, on_fire=lambda exc: timing.record_failure(trainer.global_rank, exc))
+    # at: when this rank stalled, if it stalled outside torch (the rank the others waited for: its error comes first)
+    watchdog = Watchdog(run.timeout_s, on_fire=lambda exc, at: timing.record_failure(trainer.global_rank, exc, at))
     watchdog.start()
 
     module = FluxCPModule(cfg)

@@ -62,6 +62,17 @@ def test_a_hung_rank_ends_the_run_after_the_timeout_and_is_named(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_hung_rank_0_is_named_by_its_own_watchdog(tmp_path):
+    """Rank 1 times out first and says so; rank 0's watchdog then finds itself stalled outside torch: its error,
+    dated when it stalled, is the run's."""
+    r, took, marker = faulty(tmp_path, "rank=0,step=2,kind=hang", "--timeout-s", 10)
+    assert r.returncode == EXIT_TIMEOUT, r.stderr[-3000:]
+    d = _summary(tmp_path)
+    assert d["error_rank"] == 0 and d["error"].startswith("TimeoutError: watchdog: stalled in step 2 at callbacks/"), d
+    assert leftover_processes(marker) == []
+
+
+@pytest.mark.slow
 def test_a_killed_rank_is_named(tmp_path):
     """A rank killed from outside (as by the OOM killer) leaves no error of its own: the run's error names it."""
     r, took, marker = faulty(tmp_path, "rank=1,step=2,kind=kill", "--timeout-s", 15)
