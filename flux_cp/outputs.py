@@ -128,7 +128,7 @@ def run_dir(output: str | None, name: str, overwrite: bool, claimer: bool) -> st
     the ranks an outside launcher started (torchrun, SLURM) the same one by the job id."""
     if claimer:
         return str(claim(output, name, overwrite))
-    return os.environ.get(RUN_DIR_ENV) or output or str(default_output(Path("runs"), name))
+    return output or os.environ.get(RUN_DIR_ENV) or str(default_output(Path("runs"), name))
 
 
 WANDB_INIT_TIMEOUT_S = 20.0  # wandb's own default is 90 s, and it retries: ~2 minutes of a run blocked without network

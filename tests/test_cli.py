@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flux_cp.outputs import LOCK, claim
+from flux_cp.outputs import LOCK, RUN_DIR_ENV, claim
 from flux_cp.results import TRAIN_METRICS, validate
 
 from .conftest import TINY, bench, main_in_process, train_bench
@@ -76,6 +76,7 @@ def test_a_live_run_holds_its_folder(tmp_path):
 
 def test_default_folders_are_new_per_run_and_latest_points_at_the_newest(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(RUN_DIR_ENV, "")  # claim() tells the ranks it would start: not this process's later tests
     a, b = claim(None, "train-W1-none-s144", False), claim(None, "train-W1-none-s144", False)
     assert a != b and a.parent == b.parent == Path("runs/train-W1-none-s144")
     assert (a.parent / "latest").resolve() == b.resolve()
