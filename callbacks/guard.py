@@ -32,6 +32,8 @@ class GuardCallback(Callback):
         if self.out is not None:
             self.watchdog.heartbeat = Path(self.out) / HEARTBEAT.format(trainer.global_rank)
         self.watchdog.beat()
+        if self.out is not None:  # now, not at the watchdog's next poll: a rank may die within its first steps
+            self.watchdog.write_heartbeat()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.watchdog.beat(batch_idx)

@@ -113,7 +113,7 @@ class Watchdog(threading.Thread):
         if self.heartbeat is not None:
             self.heartbeat.unlink(missing_ok=True)
 
-    def _write_heartbeat(self) -> None:
+    def write_heartbeat(self) -> None:
         beat = {"pid": os.getpid(), "step": self.step, "since": self._since, "where": _where(), "time": time.time()}
         tmp = self.heartbeat.with_suffix(".tmp")
         try:
@@ -125,7 +125,7 @@ class Watchdog(threading.Thread):
     def run(self) -> None:
         while not self._halt.wait(POLL_S):
             if self.heartbeat is not None:
-                self._write_heartbeat()
+                self.write_heartbeat()
             if time.monotonic() - self._last < self.limit_s:
                 continue
             try:

@@ -179,14 +179,14 @@ def train(cfg) -> int:
     try:
         trainer.fit(module)
     except BaseException as e:  # recorded in summary.json by the callbacks; here: the exit code, no orphans
+        # Any rank, before the others go: the rank they waited for (hung, or died without a word) is the run's error,
+        # not the consequent one of the rank that noticed (Lightning's launcher may kill a hung rank 0 meanwhile).
+        recorded = {x["error_rank"] for x in read_errors(out)} | {trainer.global_rank}
+        if run.world_size > 1 and (c := culprit(out, run.world_size, recorded)):
+            c["shape"] = (read_errors(out) or [{}])[0].get("shape")
+            write_json_atomic(out / f"{ERROR_FILE_PREFIX}{c['error_rank']}.json", c)
+            timing.summary.write(complete=False)  # every rank holds the gathered summary
         if is_launcher_process():
-            # Before the other ranks go: the rank they waited for (hung, or died without a word) is the run's error,
-            # not the consequent one of the rank that noticed.
-            recorded = {x["error_rank"] for x in read_errors(out)} | {trainer.global_rank}
-            if run.world_size > 1 and (c := culprit(out, run.world_size, recorded)):
-                c["shape"] = (read_errors(out) or [{}])[0].get("shape")
-                write_json_atomic(out / f"{ERROR_FILE_PREFIX}{c['error_rank']}.json", c)
-                timing.summary.write(complete=False)
             kill_tree(os.getpid())  # the other ranks, if still running (e.g. stuck in a collective)
             for f in out.glob(HEARTBEAT.format("*")):
                 f.unlink(missing_ok=True)
