@@ -179,8 +179,9 @@ def culprit(out: Path, world_size: int, recorded: set[int]) -> dict | None:
         if gone and r not in recorded:
             return {"error_rank": r, "error_kind": "failed", "time": b["time"],
                     "error": f"rank {r} died, last seen in step {b['step']} (its process ended with no error: killed?)"}
+    now = time.time()  # a live rank's heartbeat older than a few polls does not say where it is now
     stuck = [(b["step"] if b["step"] is not None else -1, r) for r, b in beats.items()
-             if "torch/" not in b["where"] and r not in recorded]
+             if "torch/" not in b["where"] and r not in recorded and now - b["time"] < 4 * POLL_S]
     if not stuck or len(stuck) == len(beats):  # nobody waits for anybody: no single rank to blame
         return None
     _, r = min(stuck)

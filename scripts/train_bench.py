@@ -182,7 +182,8 @@ def train(cfg) -> int:
         # Any rank, before the others go: the rank they waited for (hung, or died without a word) is the run's error,
         # not the consequent one of the rank that noticed (Lightning's launcher may kill a hung rank 0 meanwhile).
         recorded = {x["error_rank"] for x in read_errors(out)} | {trainer.global_rank}
-        if run.world_size > 1 and (c := culprit(out, run.world_size, recorded)):
+        # (not when interrupted: then Lightning's launcher has already killed the other ranks itself)
+        if run.world_size > 1 and error_kind(e) != "interrupted" and (c := culprit(out, run.world_size, recorded)):
             c["shape"] = (read_errors(out) or [{}])[0].get("shape")
             write_json_atomic(out / f"{ERROR_FILE_PREFIX}{c['error_rank']}.json", c)
             timing.summary.write(complete=False)  # every rank holds the gathered summary
