@@ -55,7 +55,7 @@ class KernelProfileCallback(Callback):
         trace.parent.mkdir(parents=True, exist_ok=True)
         self.prof.export_chrome_trace(str(trace))
         self.prof = None
-        if trainer.global_rank != 0:
+        if trainer.global_rank != self.timing.report_rank:
             return
         result = breakdown(load_trace(trace))
         events = {k: statistics.median(v) for k, v in self._event_calls.items()}

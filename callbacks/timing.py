@@ -38,6 +38,7 @@ from lightning.pytorch import Callback
 
 from flux_cp.failures import error_kind, error_line
 from flux_cp.results import RunSummary
+from flux_cp.simulate import is_fake
 from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
 
 # The parts of a step's loop period (loop_ms) kept in its step record; see the module docstring.
@@ -54,6 +55,7 @@ class OpTimingCallback(Callback):
         timing_ab: bool = False,
         idle_probe_every: int = 4,
         flush_every_s: float = 1.0,
+        report_rank: int = 0,
     ):
         self.summary = RunSummary(summary_path, header, warmup_steps + profile_steps)
         self.warmup_steps = warmup_steps
@@ -61,6 +63,7 @@ class OpTimingCallback(Callback):
         self.timing_ab = timing_ab
         self.idle_probe_every = idle_probe_every
         self.flush_every_s = flush_every_s  # summary.json rewrites while measuring: at most this often
+        self.report_rank = report_rank  # the rank that writes summary.json and logs: 0, or the simulated rank
         self._flushed = 0.0
         self.last: dict[str, float] = {}  # this rank's figures of the last step (the profiler reads them)
         self._host_ms = 0.0  # last step's issue time: how far ahead a probe must hold the stream
@@ -82,11 +85,18 @@ class OpTimingCallback(Callback):
             return "plain"
         return "timed"
 
+    def setup(self, trainer, pl_module, stage):
+        if self.report_rank:  # a simulated rank r is the job's one process: it logs as rank 0 would (wandb, prints)
+            from lightning.pytorch.utilities import rank_zero_only
+
+            rank_zero_only.rank = 0
+
     def on_train_start(self, trainer, pl_module):  # after the module's on_fit_start built the strategy
         # the backend the strategy actually uses (`auto` can be pinned, e.g. flash under torch CP)
         self.summary.header["sdpa_backend"] = pl_module.strategy.sdpa_backend
         self.summary.header["optimizer_params"] = pl_module.optimizer_params  # this rank's share under ZeRO
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        # a fake group (simulated rank) has no one to gather from: the figures are this rank's own
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and not is_fake():
             self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         if pl_module.timer.cuda and self.idle_probe_every:
             spin_cycles_per_ms()  # calibrated (it synchronises) before any step, not inside the first probe
@@ -125,6 +135,8 @@ class OpTimingCallback(Callback):
         with sync_allowed(pl_module.timer.cuda):  # waits on a finished step: not a stall of the loop
             local = pl_module.timer.read(step)
         loss = local.pop("loss")
+        comm = local.pop("comm", None)
+        step_ms = local["step_ms"]  # a probe step's is its busy time (renamed below)
         self._host_ms = local["host_ms"]
         if self._pending:  # the next step has started: the loop's period, as the host sees it
             local["loop_ms"] = (self._pending[0][2]["host0"] - step["host0"]) * 1e3
@@ -136,10 +148,12 @@ class OpTimingCallback(Callback):
         vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()
         rank0 = dict(zip(keys, every[0, :-1].tolist()))  # the summary's per-step figures are rank 0's
         self.summary.add_step(batch_idx, loss, rank0, dict(zip(keys, vmax)), dict(zip(keys, vmin)))
+        if comm is not None:
+            self.summary.add_comm(batch_idx, kind, step_ms, comm)
         if batch_idx + 1 == self.warmup_steps:  # warm-up wall time: compilation, autotuning, allocator growth
             self.summary.header["warmup_s"] = time.perf_counter() - self._t0
             self.summary.header["warmup_steps"] = self.warmup_steps
-        if trainer.global_rank != 0:
+        if trainer.global_rank != self.report_rank:
             return
         if trainer.logger is not None:
             logged = {"loss": loss, "warmup": float(batch_idx < self.skip), **local}
@@ -174,7 +188,7 @@ class OpTimingCallback(Callback):
         self._remove_gc_hook()
         while self._pending:  # the last step, read late (every rank: the gather is collective)
             self._read_step(trainer, pl_module, *self._pending.pop(0))
-        if trainer.global_rank != 0:
+        if trainer.global_rank != self.report_rank:
             return
         self.summary.write(complete=True)  # before the logger is finalised: a wandb failure loses nothing
         if hasattr(trainer.logger, "log_summary"):  # medians in wandb's run table (ResilientWandbLogger)

@@ -22,7 +22,6 @@ CPU_DEFAULT = CONFIG_DIR / "tiny.yaml"
 CP = Literal["auto", "torch", "allgather-kv", "ulysses", "none"]
 STRATEGIES = ("torch", "allgather-kv", "ulysses", "none")
 HEAD_SHARDING = ("ulysses",)  # strategies that split heads across the CP group
-SIMULATED = ("allgather-kv", "ulysses")  # strategies with a one-process per-rank simulation of training
 
 
 class ConfigError(ValueError):
@@ -103,11 +102,15 @@ class RunConfig:
     # the AdaLN modulation linears (conditioning vector -> shifts, scales, gates: a cost that does not shrink with
     # the tokens a rank holds) split over the CP group by output features, one all-gather each (flux_cp.parallel)
     split_conditioning: bool = False
-    # > 1: one process runs the per-rank compute of a W-way split (no communication); --ops-only takes a list
-    simulate_world: int | list[int] | str = 1
+    # W >= 2: this process is rank --simulate-rank of a W-rank job over torch's fake process group
+    # (flux_cp/simulate.py): the real code with a rank's shapes, collectives moving nothing; --ops-only takes a list
+    simulate_world: int | list[int] | str | None = None
+    simulate_rank: int = 0  # which rank of the simulated job this process is
     sync_debug: bool = False  # CUDA: count the loop's synchronizing calls by call site (torch's sync debug mode)
     gc_every: int = 0  # > 0: Python's automatic GC off in training, a young-generation collect every N steps
     dump_grads: bool = False  # save every parameter's gradient after the first step (numerics checks)
+    dump_ops: bool = False  # save the compute ops (aten op, shapes) of the first measured step: ops_rank<r>.json
+    dump_params: bool = False  # save every parameter after the last step (numerics checks: the whole update)
     timeout_s: float = 900.0  # a stalled step (hung rank/collective) ends the run: process-group timeout + watchdog
     # op-only microbenchmark (flux_cp/opbench.py); lists are given as "4608,16384" or [4608, 16384]
     ops_only: bool = False  # time SDPA fwd/bwd and the QKV GEMM per call instead of training steps
@@ -118,6 +121,9 @@ class RunConfig:
 
     @property
     def world_size(self) -> int:
+        """Ranks of the job: devices x nodes, or the simulated job's W (this process being one of them)."""
+        if isinstance(self.simulate_world, int) and not self.ops_only:
+            return self.simulate_world
         return self.devices * self.num_nodes
 
     @property
@@ -139,12 +145,13 @@ class BenchConfig:
 
 # --help groups of the run settings (fields not named here: "Run")
 RUN_GROUPS = {
-    "Parallelism": ("cp", "cp_degree", "weights", "rotate", "sdpa_backend", "split_conditioning", "simulate_world"),
+    "Parallelism": ("cp", "cp_degree", "weights", "rotate", "sdpa_backend", "split_conditioning", "simulate_world",
+                    "simulate_rank"),
     "Timing and profiling": ("timing", "timing_ab", "idle_probe_every", "profile", "profile_steps", "sync_debug",
                              "gc_every"),
     "Compile": ("compile", "compile_mode", "compile_backend", "compile_scope"),
     "Op bench (--ops-only)": ("ops_only", "seq_lens", "seed_compat", "graph", "reps"),
-    "Output": ("output", "overwrite", "group", "wandb_mode", "dump_grads"),
+    "Output": ("output", "overwrite", "group", "wandb_mode", "dump_grads", "dump_params", "dump_ops"),
 }
 
 
@@ -312,6 +319,8 @@ def resolve(
         raise ConfigError(f"--devices {run.devices}: only {gpu_count} GPU(s) visible (use --devices <= {gpu_count})")
     check_nodes(run, os.environ if env is None else env)
     check_dims(model, data)
+    if not run.ops_only:
+        _check_simulation(run)
     ranks = run.world_size
     if run.cp_degree is None:
         run.cp_degree = ranks  # pure CP, as with one node
@@ -323,28 +332,9 @@ def resolve(
         )
     if run.ops_only:
         return _resolve_ops(cfg)
-    if not isinstance(run.simulate_world, int):
-        raise ConfigError(f"--simulate-world {run.simulate_world}: training takes one W (lists are for --ops-only)")
     sim = run.simulate_world
-    if sim < 1:
-        raise ConfigError(f"--simulate-world {sim}: must be >= 1 (1: no simulation)")
-    if sim > 1 and ranks != 1:
-        raise ConfigError(f"--simulate-world {sim}: simulates W ranks in one process (use --devices 1)")
-    if sim > 1 and run.weights == "fsdp":
-        raise ConfigError(
-            f"--simulate-world {sim} --weights fsdp: FSDP's per-rank step is not simulated (use --weights zero: "
-            "sharded optimizer state, the part of FSDP's saving that is compute)"
-        )
     if run.cp == "auto":
-        if sim > 1:
-            run.cp = "allgather-kv"
-        else:
-            run.cp = "none" if run.cp_degree == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
-    if sim > 1 and run.cp not in SIMULATED:
-        raise ConfigError(
-            f"--simulate-world {sim} --cp {run.cp}: a training-step simulation exists for {', '.join(SIMULATED)} "
-            "(the ring's chunked compute is simulated by --ops-only --simulate-world)"
-        )
+        run.cp = "none" if run.cp_degree == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
     if run.cp == "torch" and run.accelerator != "gpu":
         raise ConfigError(
             "--cp torch: torch's context_parallel intercepts only CUDA SDPA kernels "
@@ -377,18 +367,16 @@ def resolve(
         raise ConfigError(f"--gc-every {run.gc_every}: 0 (Python's automatic collection) or a number of steps >= 1")
     if run.idle_probe_every == 1 or run.idle_probe_every < 0:
         raise ConfigError(f"--idle-probe-every {run.idle_probe_every}: 0 (off) or >= 2")
-    w = max(run.cp_degree, sim)
-    # the setting that made the split: --simulate-world when simulating, else the CP degree
-    what, fix = (f"--simulate-world {sim}", "use a --simulate-world") if sim > 1 else (f"the CP degree {w}",
-                                                                                        "use a --cp-degree")
+    w = run.cp_degree
+    where = f"--simulate-world {sim}" if sim and run.cp_degree == ranks else "--cp-degree" if sim else None
     sizes = (("data.image_height * data.image_width", data.image_tokens), ("data.text_tokens", data.text_tokens))
     for name, n in sizes:
         if n % w:
             raise ConfigError(
-                f"{name} = {n} is not divisible by {what} (image and text tokens are sharded separately: pick "
-                f"sizes divisible by {w}, or another {'--simulate-world' if sim > 1 else '--devices / --cp-degree'})"
+                f"{name} = {n} is not divisible by the CP degree {w} (image and text tokens are sharded "
+                f"separately: pick sizes divisible by {w}, or another {where or '--devices / --cp-degree'})"
             )
-    _check_heads(model, run.cp, w, what, fix)
+    _check_heads(model, run.cp, w, f"the CP degree {w}", f"use a {where or '--cp-degree'}")
     if run.split_conditioning and (2 * model.hidden) % w + (3 * model.hidden) % w:
         raise ConfigError(
             f"--split-conditioning: the modulation linears' widths (2, 3 and 6 x hidden {model.hidden}) must divide "
@@ -426,6 +414,26 @@ def _rope_example(head_dim: int) -> list[int]:
     a = max(2, 2 * round(head_dim / 16))
     b = 2 * ((head_dim - a) // 4)
     return [head_dim - 2 * b, b, b]
+
+
+def _check_simulation(run: RunConfig) -> None:
+    """--simulate-world W: one process, rank --simulate-rank of a W-rank job (checked before anything starts)."""
+    sim = run.simulate_world
+    if sim is None:
+        if run.simulate_rank:
+            raise ConfigError(f"--simulate-rank {run.simulate_rank}: needs --simulate-world W (the job's size)")
+        return
+    if not isinstance(sim, int):
+        raise ConfigError(f"--simulate-world {sim}: training takes one W (lists are for --ops-only)")
+    if sim < 2:
+        raise ConfigError(f"--simulate-world {sim}: a simulated job has W >= 2 ranks (drop it to run one real process)")
+    if run.devices * run.num_nodes != 1:
+        raise ConfigError(
+            f"--simulate-world {sim}: this one process is a rank of the simulated job (drop --devices {run.devices}"
+            f"{f' --num-nodes {run.num_nodes}' if run.num_nodes > 1 else ''}, or drop --simulate-world to run them)"
+        )
+    if not 0 <= run.simulate_rank < sim:
+        raise ConfigError(f"--simulate-rank {run.simulate_rank}: ranks of --simulate-world {sim} run 0..{sim - 1}")
 
 
 def _check_heads(model: ModelConfig, cp: str, w: int, what: str, fix: str) -> None:
@@ -494,10 +502,10 @@ def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
             run.cp = "torch" if run.accelerator == "gpu" else "allgather-kv"
         else:
             run.cp = "none" if run.devices == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
-    if run.cp == "torch" and run.accelerator != "gpu" and not sim:  # simulated ring chunks are plain SDPA calls
+    if run.cp == "torch" and run.accelerator != "gpu":
         raise ConfigError(
             "--cp torch: torch's context_parallel intercepts only CUDA SDPA kernels "
-            "(use --cp allgather-kv on CPU, --simulate-world W, or run on a GPU)"
+            "(use --cp allgather-kv on CPU, or run on a GPU)"
         )
     if run.cp == "none" and (run.devices > 1 or sim):
         raise ConfigError("--cp none: no split to measure or simulate (use --cp torch, allgather-kv or ulysses)")
@@ -525,7 +533,9 @@ def run_name(cfg: BenchConfig, mode: str = "train") -> str:
     if mode == "ops":
         w = f"sim{'-'.join(map(str, run.simulate_world))}" if run.simulate_world else f"W{run.world_size}"
         return f"ops-{w}-{run.cp}-s{run.seq_lens[0]}"
-    w = f"W{run.simulate_world}sim" if run.simulate_world > 1 else f"W{run.world_size}"
+    w = f"W{run.world_size}"
+    if run.simulate_world:
+        w += f"sim{f'r{run.simulate_rank}' if run.simulate_rank else ''}"
     dp = f"-dp{run.dp}" if run.dp > 1 else ""
     fsdp = ("" if run.weights == "ddp" else f"-{run.weights}") + ("-splitcond" if run.split_conditioning else "")
     compiled = ""

@@ -21,6 +21,7 @@ Either way the update is the gradient of the global mean loss: see FluxCPModule.
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch import nn
 
 
@@ -46,18 +47,6 @@ def shard_weights(model: nn.Module, mesh) -> None:
     fully_shard(model, mesh=mesh)
 
 
-def optimizer_shares(params: list[nn.Parameter], world: int) -> list[list[nn.Parameter]]:
-    """ZeroRedundancyOptimizer's partition of `params` over `world` ranks (its _partition_parameters):
-    largest first, each to the least-loaded rank. A simulated W-way run steps one of these shares."""
-    shares: list[list[nn.Parameter]] = [[] for _ in range(world)]
-    sizes = [0] * world
-    for p in sorted(params, key=lambda t: t.numel(), reverse=True):
-        r = sizes.index(min(sizes))
-        shares[r].append(p)
-        sizes[r] += p.numel()
-    return shares
-
-
 def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.Optimizer:
     """AdamW over what this rank updates: every parameter (ddp, fsdp: its shards), or its ZeRO share (zero)."""
     fused = device.type == "cuda"  # one kernel per parameter group on CUDA, so the step is not host bound
@@ -66,8 +55,6 @@ def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=run.lr, fused=fused)
-    if run.weights == "zero" and run.simulate_world > 1:  # the largest share: the slowest rank sets the step
-        params = max(optimizer_shares(params, run.simulate_world), key=lambda s: sum(p.numel() for p in s))
     return torch.optim.AdamW(params, lr=run.lr, fused=fused)
 
 
@@ -88,6 +75,41 @@ def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+class _FakeSafeBroadcast:
+    """Lightning broadcasts Python objects (log dirs, ...) from rank 0 with broadcast_object_list; over the fake
+    group a rank r != 0 would receive garbage sizes and allocate them. A simulated job's ranks all hold what
+    rank 0 holds (one config, one folder), so under the fake group the object is this rank's own."""
+
+    def broadcast(self, obj, src: int = 0):
+        from flux_cp.simulate import is_fake
+
+        return obj if is_fake() else super().broadcast(obj, src)
+
+
+class ModelParallel(_FakeSafeBroadcast, ModelParallelStrategy):
+    pass
+
+
+class DDPWithHook(_FakeSafeBroadcast, DDPStrategy):
+    """Lightning's DDPStrategy with DDP's gradient all-reduce as a comm hook (flux_cp.simulate.allreduce_hook:
+    torch's allreduce_hook with a future the fake group can complete), so real and simulated ranks run one code.
+    Lightning registers comm hooks on CUDA only; this one runs on gloo and on the fake group too."""
+
+    def _register_ddp_hooks(self) -> None:
+        from flux_cp.simulate import allreduce_hook
+
+        self.model.register_comm_hook(None, allreduce_hook)
+
+
+def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole tensor, fp64 on CPU. Collective under FSDP (DTensor params): call on all ranks."""
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[name] = t.detach().double().cpu()
+    return out
+
+
 def lightning_strategy(run):
     """The Lightning strategy for `run.weights`.
 
@@ -98,14 +120,25 @@ def lightning_strategy(run):
     """
     import datetime
 
-    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
-
     backend = "nccl" if run.accelerator == "gpu" else "gloo"
     timeout = datetime.timedelta(seconds=run.timeout_s)  # a collective that never matches fails the run
+    if run.simulate_world:  # the fake group exists already (flux_cp.simulate); Lightning keeps it
+        backend = "fake"
     if run.weights == "fsdp":  # FSDP needs a process group even at world size 1
-        return ModelParallelStrategy(data_parallel_size=run.world_size, tensor_parallel_size=1,
+        return ModelParallel(data_parallel_size=run.world_size, tensor_parallel_size=1,
                                      process_group_backend=backend, timeout=timeout)
-    # torch's CP needs a process group (its device mesh) even at world size 1; a simulation needs none.
+    # torch's CP needs a process group (its device mesh) even at world size 1
     if run.world_size > 1 or run.cp == "torch":
-        return DDPStrategy(process_group_backend=backend, timeout=timeout)
+        return DDPWithHook(process_group_backend=backend, timeout=timeout)
     return "auto"
+
+
+def lightning_precision(run) -> dict:
+    """The Trainer's precision arguments. Lightning's ModelParallelStrategy accepts precisions from a list of names
+    without 64-true, though its DoublePrecision plugin works as bf16-true's HalfPrecision does there (module.to(dtype)
+    after configure_model's fully_shard; default dtype in init and forward): under fsdp it is given as a plugin."""
+    if run.weights == "fsdp" and run.precision == "64-true":
+        from lightning.pytorch.plugins import DoublePrecision
+
+        return {"precision": None, "plugins": [DoublePrecision()]}
+    return {"precision": run.precision}

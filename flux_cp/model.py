@@ -11,11 +11,7 @@ Shapes: B batch, Si image tokens, St text tokens, S = St + Si, C latent channels
 import torch
 from diffusers.models.embeddings import CombinedTimestepTextProjEmbeddings
 from diffusers.models.normalization import AdaLayerNormContinuous
-from diffusers.models.transformers.transformer_flux import (
-    FluxPosEmbed,
-    FluxSingleTransformerBlock,
-    FluxTransformerBlock,
-)
+from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
 from torch import nn
 
 from flux_cp.config import ModelConfig
@@ -26,7 +22,6 @@ class FluxDiT(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.hidden
-        self.pos_embed = FluxPosEmbed(theta=10000, axes_dim=list(cfg.rope_axes))
         self.time_text_embed = CombinedTimestepTextProjEmbeddings(embedding_dim=d, pooled_projection_dim=cfg.pooled_dim)
         self.x_embedder = nn.Linear(cfg.in_channels, d)
         self.context_embedder = nn.Linear(cfg.text_dim, d)
@@ -55,9 +50,11 @@ class FluxDiT(nn.Module):
         blocks = [(b.norm1, b.norm1_context) for b in self.double_blocks] + [(b.norm,) for b in self.single_blocks]
         return [n.linear for norms in blocks for n in norms] + [self.norm_out.linear]
 
-    def rope(self, txt_ids: torch.Tensor, img_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin), each (St + Si, head_dim): text first, as Flux concatenates [text, image]."""
-        return self.pos_embed(torch.cat([txt_ids, img_ids], dim=0))
+    def rope(self, txt_ids: torch.Tensor, img_ids: torch.Tensor, dtype=torch.float32) -> tuple[torch.Tensor, ...]:
+        """(cos, sin), each (St + Si, head_dim): text first, as Flux concatenates [text, image]. dtype: fp32 (the
+        table of diffusers' FluxPosEmbed, also under bf16) or fp64 (fp64 runs)."""
+        cos, sin = rope_table(torch.cat([txt_ids, img_ids], dim=0), self.cfg.rope_axes)
+        return cos.to(dtype), sin.to(dtype)
 
     def forward(self, x, text, pooled, t, rope):
         # x (B, Si, C) noisy latents; text (B, St, Dt); pooled (B, Dp); t (B,) in [0, 1]
@@ -69,6 +66,28 @@ class FluxDiT(nn.Module):
         for blk in self.single_blocks:
             c, h = blk(hidden_states=h, encoder_hidden_states=c, temb=temb, image_rotary_emb=rope)
         return self.proj_out(self.norm_out(h, temb))  # (B, Si, C): predicted velocity
+
+
+def rope_table(ids: torch.Tensor, axes_dim, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of (N, sum(axes_dim)) position ids (N, len(axes_dim)), in fp64: diffusers' FluxPosEmbed computes
+    the same in fp64 and returns it rounded to fp32."""
+    cos, sin = [], []
+    for i, d in enumerate(axes_dim):
+        freqs = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=ids.device) / d))  # (d/2,)
+        angles = torch.outer(ids[:, i].double(), freqs)  # (N, d/2)
+        cos.append(angles.cos().repeat_interleave(2, dim=1))  # each angle for a (real, imag) pair
+        sin.append(angles.sin().repeat_interleave(2, dim=1))
+    return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
+
+
+def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """diffusers' apply_rotary_emb (sequence_dim=1, Flux's interleaved pairs) for x (B, S, H, D), rotating in fp32 at
+    least (bf16, fp32: the same values as diffusers') and in fp64 for fp64 x, where diffusers would round to fp32."""
+    cos, sin = (t[None, :, None, :] for t in rope)  # (1, S, 1, D)
+    real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)  # (B, S, H, D/2)
+    rotated = torch.stack([-imag, real], dim=-1).flatten(3)
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    return (x.to(dtype) * cos + rotated.to(dtype) * sin).to(x.dtype)
 
 
 @torch.no_grad()

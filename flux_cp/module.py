@@ -5,6 +5,7 @@ forward AND backward) wraps both passes of the step. Weights are replicated (DDP
 ZeRO-sharded optimizer state) or sharded (FSDP2) over all dp x cp ranks of the (dp, cp) mesh: see flux_cp.mesh.
 """
 
+import json
 import time
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import torch.nn.functional as F
 
 from flux_cp.config import BenchConfig
 from flux_cp.data import DTYPES, make_loader
-from flux_cp.mesh import build_mesh, build_optimizer, full_grads, optimizer_numel, shard_weights
+from flux_cp.ledger import CommLedger, OpRecorder
+from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.parallel import apply_cp, make_strategy, shard, split_conditioning
 from flux_cp.timing import StepTimer
@@ -58,26 +60,24 @@ class FluxCPModule(L.LightningModule):
         cp_mesh = self.mesh["cp"] if self.mesh is not None else None
         rank, world = (cp_mesh.get_local_rank(), cp_mesh.size()) if cp_mesh is not None else (0, 1)  # in the CP group
         # Op regions would split a compiled graph (graph breaks change what is measured): off under --compile.
-        self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing and not run.compile)
-        self.strategy = make_strategy(
-            run.cp, rank, world, self.device, run.sdpa_backend, run.rotate, simulate_world=run.simulate_world,
-            mesh=cp_mesh,
-        )
+        self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing and not run.compile,
+                               ledger=CommLedger.get())
+        self.strategy = make_strategy(run.cp, rank, world, self.device, run.sdpa_backend, run.rotate, mesh=cp_mesh)
         apply_cp(self.model, self.strategy, self.timer)
         if run.split_conditioning:
-            split_conditioning(self.model, self.strategy, run.simulate_world)
+            split_conditioning(self.model, self.strategy)
         if run.compile:  # the attention processor (and its collectives) is traced with the blocks
             mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
             scope = [self.model] if run.compile_scope == "model" else [*self.model.double_blocks,
                                                                         *self.model.single_blocks]
             for m in scope:
                 m.compile(mode=mode, backend=run.compile_backend)
-        # A simulated run takes rank 0's shard of a W-way split (all ranks' shards cost the same).
-        self.split = (0, run.simulate_world) if run.simulate_world > 1 else (rank, world)
+        self.split = (rank, world)  # this rank's place in its CP group (a simulated rank's too: its fake group)
         # Each rank's RoPE angles: its own text and image tokens' positions, in [text, image] order.
         txt = shard(text_ids(data.text_tokens), 0, *self.split)
         img = shard(image_ids(data.image_height, data.image_width), 0, *self.split)
-        self.rope = self.model.rope(txt.to(self.device), img.to(self.device))  # (cos, sin), (S_l, head_dim)
+        dtype = torch.promote_types(DTYPES[run.precision], torch.float32)  # fp32 under bf16, fp64 in fp64 runs
+        self.rope = self.model.rope(txt.to(self.device), img.to(self.device), dtype)  # (cos, sin), (S_l, head_dim)
 
     # Host clock stamps around Lightning's copy of the batch to the device (the timing callback's data_ms, transfer_ms)
     def on_before_batch_transfer(self, batch, dataloader_idx):
@@ -89,27 +89,46 @@ class FluxCPModule(L.LightningModule):
         return batch
 
     def training_step(self, batch, batch_idx):
+        if not (self.cfg.run.dump_ops and batch_idx == self.cfg.run.warmup_steps):
+            return self._step(batch, batch_idx)
+        with OpRecorder() as rec:  # --dump-ops: what this rank computes in its first measured step
+            out = self._step(batch, batch_idx)
+        path = Path(self.cfg.run.output) / f"ops_rank{self.global_rank}.json"
+        path.write_text(json.dumps(rec.ops))
+        return out
+
+    def _step(self, batch, batch_idx):
         opt = self.optimizers()
+        # Before the forward: FSDP2 leaves the root unit unsharded after it, where a model.zero_grad would clear the
+        # unsharded copies and the sharded grads (AdamW's) would sum over steps. ZeRO's param_groups hold every param.
+        opt.zero_grad(set_to_none=True)
         x, target, text = (shard(batch[k], 1, *self.split) for k in ("x_t", "target", "text"))  # (B, S/W, .)
         with self.strategy.step_context():
             pred = self.model(x, text, batch["pooled"], batch["t"], self.rope)
             # Mean over local image tokens of this rank's samples. Every rank holds the same number of tokens
             # (equal sequence shards of equally many samples), so the mean of the dp x cp local losses is the
             # global mean, and averaging gradients over all dp x cp ranks (DDP all-reduce, FSDP reduce-scatter)
-            # gives the gradient of the global loss.
-            loss = F.mse_loss(pred.float(), target.float())
-            # every gradient, not only the optimizer's: a ZeRO share (real or simulated) steps a part of them
-            self.model.zero_grad(set_to_none=True)
+            # gives the gradient of the global loss. In fp32 at least (bf16 runs), fp64 in fp64 runs.
+            dtype = torch.promote_types(pred.dtype, torch.float32)
+            loss = F.mse_loss(pred.to(dtype), target.to(dtype))
+            self.timer.mark("forward_end")
             self.manual_backward(loss)
+            self.timer.mark("backward_end")  # DDP's bucket all-reduces are consumed here (the reducer waits)
         opt.step()
         if self.cfg.run.dump_grads and batch_idx == 0:
             self._dump_grads()
         return {"loss": loss.detach()}
 
+    def on_train_end(self):
+        if self.cfg.run.dump_params:
+            self._save(full_params(self.model), "params_final.pt")  # every rank: gathering FSDP's shards
+
     def _dump_grads(self):
-        grads = full_grads(self.model)  # every rank: gathering FSDP's sharded grads is a collective
+        self._save(full_grads(self.model), "grads_step0.pt")  # every rank: gathering FSDP's sharded grads
+
+    def _save(self, tensors: dict[str, torch.Tensor], name: str) -> None:
         if self.global_rank != 0:
             return
-        path = Path(self.cfg.run.output) / "grads_step0.pt"
+        path = Path(self.cfg.run.output) / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(grads, path)
+        torch.save(tensors, path)

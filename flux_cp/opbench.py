@@ -2,11 +2,11 @@
 forward/backward, per call, at the per-rank shapes of a W-way context-parallel split.
 
 What each rank computes per call (B batch, H heads, S total tokens, D head_dim, h = H * D hidden):
-    sdpa, real CP:        q, k, v (B, H, S/W, D) through strategy.attention (its collectives included)
-    sdpa, simulated:      allgather-kv  q (B, H, S/W, D) against the full k, v (B, H, S, D)
-                          ulysses       q, k, v (B, H/W, S, D)
-                          torch (ring)  W calls of q (B, H, S/W, D) against k, v chunks (B, H, S/W, D)
-    qkv_gemm:             (B * S/W, h) x (h, 3h) + bias, as diffusers' fused to_qkv; bwd = dX and dW GEMMs
+    sdpa:      q, k, v (B, H, S/W, D) through strategy.attention (its collectives included)
+    qkv_gemm:  (B * S/W, h) x (h, 3h) + bias, as diffusers' fused to_qkv; bwd = dX and dW GEMMs
+With --simulate-world W[,W...] one process is rank 0 of each W-rank job in turn, over torch's fake process group
+(flux_cp/simulate.py): the real strategy runs (torch's ring with its W chunks and merges, Ulysses' all-to-all
+layouts, allgather-kv's gather), its collectives moving nothing: rows say `simulated: true`.
 
 Timing ("corrected"): warm-up, then up to `reps` calls, each between two CUDA events (device time) and
 two perf_counter readings (host time to issue it). Each batch of calls is queued behind a spin kernel
@@ -86,30 +86,21 @@ class OpFactory:
         size = sum(math.prod(s) for s in shapes) * torch.finfo(self.dtype).bits // 8
         return max(2, min(8, math.ceil(3 * self.l2_bytes / size)))
 
-    def sdpa(self, seq_len: int, world: int, simulated: bool, seed: bool = False) -> list[Op]:
+    def sdpa(self, seq_len: int, world: int, seed: bool = False) -> list[Op]:
         m, cp = self.cfg.model, self.cfg.run.cp
         b, h, d, s = self.cfg.data.batch_size, m.num_heads, m.head_dim, seq_len
-        q_shape = kv_shape = (b, h, s // world, d)  # real CP: local tokens in, the strategy's collectives inside
-        chunks = 1
-        if simulated:  # one process computes one rank's share of a W-way split, without communication
-            kv_shape = (b, h, s, d)
-            if cp == "ulysses":
-                q_shape = kv_shape = (b, h // world, s, d)
-            chunks = world if cp == "torch" else 1
-        attend, ctx = self.strategy.attention, self.strategy.step_context  # simulated: plain SDPA (see OpBench)
+        q_shape = kv_shape = (b, h, s // world, d)  # local tokens in, the strategy's collectives inside
+        attend, ctx = self.strategy.attention, self.strategy.step_context
 
-        def run(q, k, v):  # -> list of outputs, (B, H, S_q, D) each
-            if chunks == 1:
-                return [attend(q, k, v)]
-            return [attend(q, kc, vc) for kc, vc in zip(k.chunk(chunks, 2), v.chunk(chunks, 2))]
+        def run(q, k, v):  # -> list of outputs, (B, H, S/W, D) each
+            return [attend(q, k, v)]
 
-        # every split computes S/W queries x S keys per rank (ring: in W chunks): QK^T and PV, 2 * 2 * ... flops
+        # every split computes S/W queries x S keys per rank: QK^T and PV, 2 * 2 * ... flops
         flops = 4 * b * h * (s // world) * s * d
-        shape = f"q{_fmt(q_shape)} kv{_fmt((*kv_shape[:2], kv_shape[2] // chunks, d))}"
-        shape = f"{chunks}x {shape}" if chunks > 1 else shape if simulated else f"q,k,v{_fmt(q_shape)} local"
+        shape = f"q,k,v{_fmt(q_shape)} local"
         n = 1 if seed else self.nbuf(q_shape, kv_shape, kv_shape)
         graph = True
-        if not simulated and (world > 1 or cp == "torch"):
+        if world > 1 or cp == "torch":
             graph = f"sdpa under --cp {cp} (W={world}) dispatches through collectives/DTensor: not captured"
 
         def build_fwd():
@@ -295,12 +286,9 @@ class OpBench:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.reduce_max = reduce_max  # max over ranks: every rank must measure the same rows, in order
         self.cuda = device.type == "cuda"
-        if run.simulate_world:  # no communication: plain SDPA, with the kernel the simulated strategy would run
-            # torch's ring pins flash when auto (flux_cp.parallel.TorchRing)
-            ring_auto = run.cp == "torch" and run.sdpa_backend == "auto" and self.cuda
-            self.strategy = make_strategy("none", 0, 1, device, "flash" if ring_auto else run.sdpa_backend)
-        else:
-            self.strategy = make_strategy(run.cp, rank, world_size, device, run.sdpa_backend, run.rotate)
+        self.device = device
+        self.strategy = None if run.simulate_world else make_strategy(run.cp, rank, world_size, device,
+                                                                      run.sdpa_backend, run.rotate)
         self.factory = OpFactory(cfg, self.strategy, device, self.cuda)
         self.timer = Timer(self.cuda, barrier, run.reps or (100 if self.cuda else CPU_REPS), reduce_max)
         self.rows: list[dict] = []
@@ -310,7 +298,7 @@ class OpBench:
         """(seq len, effective W, simulated), in the order they are measured."""
         run = self.cfg.run
         worlds = run.simulate_world or [self.world_size]
-        return [(s, w, run.simulate_world is not None) for s in run.seq_lens for w in worlds]
+        return [(s, w, run.simulate_world is not None and w > 1) for s in run.seq_lens for w in worlds]
 
     def measure(self, op: Op, seq_len: int, world: int, simulated: bool, method="corrected", graph=False):
         with op.context():
@@ -329,9 +317,20 @@ class OpBench:
             "flops": float(op.flops), "tflops": op.flops / (med * 1e-3) / 1e12,
         })  # fmt: skip
 
+    def _simulate(self, world: int):
+        """Become rank 0 of a `world`-rank job over the fake group, with the run's real strategy."""
+        from flux_cp.simulate import init_fake_world
+
+        run = self.cfg.run
+        init_fake_world(world, 0)
+        self.strategy = self.factory.strategy = make_strategy(run.cp, 0, world, self.device, run.sdpa_backend,
+                                                              run.rotate)
+
     def run_case(self, seq_len: int, world: int, simulated: bool):
         f, run = self.factory, self.cfg.run
-        ops = f.sdpa(seq_len, world, simulated) + f.qkv_gemm(seq_len, world)
+        if run.simulate_world:
+            self._simulate(world)
+        ops = f.sdpa(seq_len, world) + f.qkv_gemm(seq_len, world)
         for op in ops:
             self.measure(op, seq_len, world, simulated)
         if run.graph:
@@ -347,7 +346,7 @@ class OpBench:
                     except RuntimeError as e:  # keep the eager figures; say why there is no graph row
                         self._note(f"graph: capture of {op.name} at S={seq_len} W={world} failed: {_one_line(e)}")
         if run.seed_compat:
-            for op in [*f.sdpa(seq_len, world, simulated, seed=True), f.seed_gemm(seq_len, world)]:
+            for op in [*f.sdpa(seq_len, world, seed=True), f.seed_gemm(seq_len, world)]:
                 self.measure(op, seq_len, world, simulated, method="seed-compat")
 
     def _note(self, text: str):
@@ -385,6 +384,7 @@ def build_summary(cfg: BenchConfig, bench: OpBench, env: dict, rank_medians=None
     d = {
         "schema": 1, "mode": "ops", "run_name": run_name(cfg, "ops"), "group": run.group,
         "world_size": bench.world_size, "cp": run.cp, "simulate_world": (run.simulate_world or [None])[0],
+        "collectives": "fake" if run.simulate_world else "real",
         "simulate_worlds": run.simulate_world, "config": cfg.to_dict(), "env": env, "params": None,
         "compile": {"enabled": False, "mode": None, "compile_s": None},
         "tokens_per_rank": s0 // w0, "sdpa_backend": bench.strategy.sdpa_backend, "seq_lens": run.seq_lens,
@@ -418,7 +418,8 @@ def print_table(d: dict, path: Path) -> None:
         console.width = 180
     console.print(table)
     if any(r["simulated"] for r in d["ops"]):
-        console.print("W*: simulated on one process (per-rank compute of a W-way split, no communication)")
+        console.print("W*: simulated: rank 0 of a W-rank job over torch's fake process group "
+                      "(collectives move nothing)", soft_wrap=True)
     for note in d["notes"]:
         console.print(f"note: {note}", soft_wrap=True)
     console.print(f"summary: {path}", soft_wrap=True)

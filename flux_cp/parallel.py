@@ -26,9 +26,9 @@ import functools
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from diffusers.models.embeddings import apply_rotary_emb
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from flux_cp.model import apply_rope
 from flux_cp.timing import StepTimer
 
 # torch 2.13 renamed these collectives (the old names warn); 2.11 has only the old ones.
@@ -46,14 +46,22 @@ SDPA_BACKENDS = {
 # ---------------------------------------------------------------- sharding
 
 
-def shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
-    """Rank's contiguous 1/world slice along dim (sizes are validated to divide)."""
+def shard(x: torch.Tensor, dim: int, rank: int, world: int, what: str = "rows") -> torch.Tensor:
+    """Rank's contiguous 1/world slice along dim. Uneven sizes raise ValueError: every rank must hold as many
+    tokens (the collectives exchange equal chunks, and the mean of local losses is the global mean only then)."""
+    if not 0 <= rank < world:
+        raise ValueError(f"shard: rank {rank} is not in 0..{world - 1} (world {world})")
+    if x.shape[dim] % world:
+        n, shape = x.shape[dim], tuple(x.shape)
+        raise ValueError(f"shard: {n} {what} (dim {dim} of {shape}) do not split evenly over {world} ranks")
     return x.chunk(world, dim=dim)[rank]
 
 
 def shard_joint(text, image, dim: int, rank: int, world: int) -> torch.Tensor:
-    """[text_r, image_r]: a rank's local joint sequence, in Flux's text-first order."""
-    return torch.cat([shard(text, dim, rank, world), shard(image, dim, rank, world)], dim=dim)
+    """[text_r, image_r]: a rank's local joint sequence, in Flux's text-first order (text and image tokens each
+    divisible by world: they are sharded separately)."""
+    return torch.cat([shard(text, dim, rank, world, "text tokens"), shard(image, dim, rank, world, "image tokens")],
+                     dim=dim)
 
 
 def unshard_joint(local: list[torch.Tensor], text_len: int, dim: int) -> torch.Tensor:
@@ -156,6 +164,10 @@ class CPStrategy:
                  mesh=None):
         # rank, world: within the CP group; mesh: the 1-D CP DeviceMesh (mesh["cp"]); without one (op bench,
         # scripts), the whole process group is the CP group
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"{self.name}: CP rank {rank} of world {world} (need world >= 1, 0 <= rank < world)")
+        if mesh is not None and mesh.size() != world:
+            raise ValueError(f"{self.name}: CP world {world} but the CP mesh has {mesh.size()} ranks")
         self.rank, self.world, self.device, self.mesh = rank, world, device, mesh
         self.sdpa_backend = sdpa_backend
         self.group = None if world == 1 else (mesh.get_group() if mesh is not None else dist.group.WORLD)
@@ -193,6 +205,9 @@ class Ulysses(CPStrategy):
     def attention(self, q, k, v):
         if self.world == 1:
             return F.scaled_dot_product_attention(q, k, v)
+        if q.shape[1] % self.world:
+            raise ValueError(f"ulysses: {q.shape[1]} heads are not divisible by the CP world {self.world} (it shards "
+                             "heads: pick a world dividing them, or allgather-kv)")
         q, k, v = (_SeqToHeads.apply(x, self.group, self.world) for x in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v)  # (B, H/W, S, D)
         return _HeadsToSeq.apply(out, self.group, self.world)
@@ -234,54 +249,12 @@ class TorchRing(CPStrategy):
         return stack
 
 
-class SimulatedAllGatherKV(AllGatherKV):
-    """One rank of a `sim`-way allgather-kv split, in one process and without the collective: local
-    queries attend to `sim` copies of the local K/V, the gathered tensors' size and layout. Compute
-    and memory traffic are the rank's; the values are not (timing only)."""
-
-    name = "allgather-kv"
-
-    def __init__(self, *args, sim: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sim = sim
-
-    def attention(self, q, k, v):  # (B, H, S_l, D)
-        k, v = torch.stack([k, v]).repeat(1, 1, 1, self.sim, 1).unbind(0)  # (B, H, W * S_l, D) each
-        return F.scaled_dot_product_attention(q, k, v)
-
-
-class SimulatedUlysses(CPStrategy):
-    """One rank of a `sim`-way Ulysses split: the real strategy's layout copies around SDPA over H/W heads and
-    W * S_l tokens, with each all-to-all replaced by the identity (the rank's own W head groups stand in for
-    the W ranks' token chunks). Every head's gradient flows back, as in the real rank; a slice of H/W heads
-    would add a zero-filled gradient the real rank does not compute, and split the compiled backward of the
-    q/k norms (measured: docs/results/2026-12-03-h200-zero.md). S_q = S_kv here, so the SDPA backend is left
-    as chosen (cuDNN by default on H100/H200)."""
-
-    name = "ulysses"
-
-    def __init__(self, *args, sim: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sim = sim
-
-    def attention(self, q, k, v):  # (B, H, S_l, D)
-        w = self.sim
-        q, k, v = (_join_seq(_by_head_group(x, w)) for x in (q, k, v))  # (B, H/W, W * S_l, D)
-        out = F.scaled_dot_product_attention(q, k, v)
-        return _join_heads(_by_seq_chunk(out, w))  # (B, H, S_l, D)
-
-
 STRATEGY_CLASSES = {c.name: c for c in (CPStrategy, AllGatherKV, Ulysses, TorchRing)}
-SIMULATED_CLASSES = {c.name: c for c in (SimulatedAllGatherKV, SimulatedUlysses)}
 
 
-def make_strategy(
-    name: str, rank: int, world: int, device, sdpa_backend="auto", rotate="allgather", simulate_world: int = 1,
-    mesh=None,
-) -> CPStrategy:
+def make_strategy(name: str, rank: int, world: int, device, sdpa_backend="auto", rotate="allgather",
+                  mesh=None) -> CPStrategy:
     """rank, world: within the CP group, whose 1-D DeviceMesh is `mesh` (flux_cp.mesh.build_mesh(...)["cp"])."""
-    if simulate_world > 1:
-        return SIMULATED_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, sim=simulate_world)
     kwargs = {"rotate": rotate} if name == "torch" else {}
     return STRATEGY_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, mesh=mesh, **kwargs)
 
@@ -313,8 +286,7 @@ class CPAttnProcessor:
             eq, ek = attn.norm_added_q(eq), attn.norm_added_k(ek)
             q, k, v = (torch.cat([e, x], dim=1) for e, x in ((eq, q), (ek, k), (ev, v)))  # [text, image]
         if image_rotary_emb is not None:
-            q = apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
-            k = apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
+            q, k = apply_rope(q, image_rotary_emb), apply_rope(k, image_rotary_emb)  # fp64 in fp64 runs
 
         call = self.timer.open("sdpa")
         q, k, v = call.enter(*(x.transpose(1, 2) for x in (q, k, v)))  # (B, H, S_l, Dh)
@@ -383,17 +355,9 @@ def _split_forward(lin, group, world, rank, x):
     return _SplitFeaturesLinear.apply(x, lin.weight, lin.bias, group, world, rank)
 
 
-def _simulated_split_forward(lin, world, x):
-    """Rank 0's share of a `world`-way split, without the collectives: its features, repeated to full width
-    (values for timing only); backward computes its slice of dW and a zero-filled rest, as a real rank does."""
-    return F.linear(x, lin.weight.chunk(world)[0], lin.bias.chunk(world)[0]).repeat(1, world)
-
-
-def split_conditioning(model, strategy: CPStrategy, simulate_world: int = 1) -> None:
+def split_conditioning(model, strategy: CPStrategy) -> None:
     """Split the AdaLN modulation linears (the conditioning path: its cost does not shrink with the tokens a rank
     holds) over the CP group, from outside the model: each linear's forward is replaced, its parameters kept."""
     for lin in model.conditioning_linears():
-        if simulate_world > 1:
-            lin.forward = functools.partial(_simulated_split_forward, lin, simulate_world)
-        elif strategy.world > 1:
+        if strategy.world > 1:
             lin.forward = functools.partial(_split_forward, lin, strategy.group, strategy.world, strategy.rank)

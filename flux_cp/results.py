@@ -57,6 +57,11 @@ class RunSummary:
         self.per_step: dict[str, list[float]] = {}  # rank 0's figure per measured step
         self.rank_max: dict[str, list[float]] = {}
         self.rank_min: dict[str, list[float]] = {}
+        self.ledger: list[dict] = []  # measured steps' collectives (flux_cp/ledger.py), this rank's
+
+    def add_comm(self, step: int, kind: str, step_ms: float, comm: dict):
+        if step >= self.warmup_steps:
+            self.ledger.append({"step": step, "kind": kind, "step_ms": step_ms, **comm})
 
     def add_step(self, step: int, loss: float, metrics: dict, rank_max: dict, rank_min: dict):
         self.loss.append(loss)
@@ -92,7 +97,9 @@ class RunSummary:
         return out
 
     def to_dict(self, complete: bool, error: str | None = None) -> dict:
-        d = {"schema": SCHEMA, **self.header, "metrics": self.metrics(), "loss": self.loss, "complete": complete}
+        # a simulated rank's values went through collectives that moved nothing: its losses mean nothing
+        loss = None if self.header.get("collectives") == "fake" else self.loss
+        d = {"schema": SCHEMA, **self.header, "metrics": self.metrics(), "loss": loss, "complete": complete}
         derived = self.derived()
         if "device_idle_frac" in derived:
             d["idle"] = {"device_idle_frac": derived["device_idle_frac"], "source": "events"}
@@ -113,6 +120,10 @@ class RunSummary:
         if "compile" in d and "compile_s" in derived and d["compile"].get("enabled"):
             d["compile"] = {**d["compile"], "compile_s": derived["compile_s"]}
         d["per_step"] = self.per_step
+        if self.ledger:
+            from flux_cp.ledger import totals
+
+            d["comm"] = {"per_step": totals(self.ledger[0]["collectives"]), "ledger": self.ledger}
         if error:
             d["error"] = error
         if errors := read_errors(self.path.parent):  # any rank's failure: the first one is the run's error
@@ -183,7 +194,10 @@ def validate(d: dict) -> list[str]:
             errs.append(f"metric {name!r}: min <= median <= max violated")
     if d["mode"] == "train":
         errs += [f"train metric {k!r} missing" for k in ("step_ms", "host_ms") if k not in d["metrics"]]
-        if not all(isinstance(x, float) for x in d["loss"]):
+        if d.get("collectives") == "fake":
+            if d["loss"] is not None:
+                errs.append("loss of a run over fake collectives must be null (its values are not meaningful)")
+        elif not isinstance(d["loss"], list) or not all(isinstance(x, float) for x in d["loss"]):
             errs.append("loss must be a list of floats")
     if d["mode"] == "ops":
         errs += _validate_ops(d)

@@ -311,7 +311,9 @@ class Runner:
                 if mtime != last_mtime:  # rank 0 rewrites summary.json after every step
                     last_beat, last_mtime = time.monotonic(), mtime
                     if progress and (s := read_summary(run.output)):
-                        progress.update(step_task, completed=len(s.get("loss", [])))
+                        # steps so far (a run over fake collectives has no losses: its measured steps)
+                        done = len(s.get("loss") or []) or len(s.get("per_step", {}).get("step_ms", []))
+                        progress.update(step_task, completed=done)
                 if time.monotonic() - last_beat > self.guard_s:
                     guard_fired = True
                     _signal_group(proc.pid, signal.SIGKILL)

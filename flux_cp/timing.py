@@ -187,8 +187,9 @@ class StepTimer:
     reads a step while the next one runs, so reading never drains the device's queue).
     """
 
-    def __init__(self, cuda: bool, enabled: bool = True):
+    def __init__(self, cuda: bool, enabled: bool = True, ledger=None):
         self.cuda = cuda
+        self.ledger = ledger  # flux_cp.ledger.CommLedger: the step's collectives, on the step's clock
         self._spare = _Clock(cuda)  # two clocks, swapped per step: a finished step's events stay valid until read
         self.clock = _Clock(cuda)
         self.enabled = enabled  # op regions; the step boundaries are always recorded
@@ -214,7 +215,14 @@ class StepTimer:
         host0 = time.perf_counter()
         if probe_ms > 0 and self.cuda:
             hold_stream(probe_ms)
-        self._step = {"host0": host0, "dev0": self.clock.stamp()}
+        self._step = {"host0": host0, "dev0": self.clock.stamp(), "phases": {}}
+        if self.ledger is not None:
+            self.ledger.start(self.clock)
+
+    def mark(self, phase: str) -> None:
+        """A phase boundary of the step (forward_end, backward_end): where asynchronous collectives are consumed."""
+        if self._step:
+            self._step["phases"][phase] = self.clock.stamp()
 
     def end_step(self, loss: torch.Tensor | None = None) -> dict:
         """Close the step; its figures come from read(step), which may wait until a later step is issued.
@@ -222,6 +230,8 @@ class StepTimer:
         memory right after the step's last boundary: a D2H copy is stream-ordered, so a later `.item()` on the
         device tensor would wait for every kernel issued since, draining the device at every step."""
         step = self._step | {"dev1": self.clock.stamp(), "calls": self._calls}
+        if self.ledger is not None:
+            step["comm"] = self.ledger.stop()
         if loss is not None:
             step["loss"] = loss.detach()
             if self.cuda:
@@ -237,7 +247,8 @@ class StepTimer:
 
         Returns `step_ms`, `host_ms`, `host_wait_ms` (how long the host waited here: ~0 when the host, not
         the device, sets the pace), `loss` (when end_step was given one), and per region `<name>_fwd_ms` /
-        `<name>_bwd_ms` (summed over calls) with `<name>_fwd_call_ms` / `<name>_bwd_call_ms` (mean per call).
+        `<name>_bwd_ms` (summed over calls) with `<name>_fwd_call_ms` / `<name>_bwd_call_ms` (mean per call);
+        with a ledger, `comm`: the step's collectives and phase ends in ms from its start (not a figure).
         """
         t0 = time.perf_counter()
         if self.cuda:
@@ -247,6 +258,11 @@ class StepTimer:
                "host_wait_ms": (time.perf_counter() - t0) * 1e3}
         if "loss" in step:
             out["loss"] = step["loss"].item()  # a host tensor by now: no wait
+        if "comm" in step:
+            from flux_cp.ledger import resolve
+
+            out["comm"] = {"phases": {f"{k}_ms": round(ms(step["dev0"], v), 4) for k, v in step["phases"].items()},
+                           "collectives": resolve(step["comm"], ms, step["dev0"])}
         per: dict[str, list[float]] = defaultdict(list)
         for c in step["calls"]:
             st = c.stamps

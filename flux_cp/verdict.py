@@ -17,7 +17,7 @@ NOISY = 0.25  # (max - min) / median of step_ms above this: the min-max range is
 
 
 def world(d: dict) -> int:
-    return d.get("simulate_world") or d["world_size"]
+    return (d.get("simulate") or {}).get("world") or d.get("simulate_world") or d["world_size"]
 
 
 def _key(d: dict):
@@ -32,6 +32,7 @@ def find_baseline(d: dict, roots: list[Path]) -> tuple[Path, dict] | None:
             try:
                 b = json.loads(p.read_text())
                 ok = b.get("complete") and b.get("mode") == "train" and world(b) == 1 and b["cp"] == "none"
+                ok = ok and not (b.get("simulate") or b.get("simulate_world"))
                 if ok and _key(b) == _key(d) and "step_ms" in b["metrics"]:
                     mtime = p.stat().st_mtime
                     if best is None or mtime > best[0]:
@@ -49,7 +50,8 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     """(answer, next command) of a complete training run."""
     m = d["metrics"]["step_ms"]
     w = world(d)
-    line = f"W={w}{' (simulated)' if d.get('simulate_world') else ''}: step {_ms(m['median'])} ms"
+    simulated = d.get("simulate") or d.get("simulate_world")
+    line = f"W={w}{' (simulated)' if simulated else ''}: step {_ms(m['median'])} ms"
     cf = d["config"].get("config_file")
     if cf and Path(cf).resolve() not in (CPU_DEFAULT, GPU_DEFAULT):  # else: the default here, left out
         rel = os.path.relpath(cf)

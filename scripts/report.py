@@ -1,7 +1,7 @@
-"""Reconcile the runs under RUNS_DIR: speedups, time breakdown, comm, Amdahl prediction, verdict.
+"""Reconcile the runs under RUNS_DIR: speedups, time breakdown, predicted comm, the 1.66x, verdicts.
 
     python scripts/report.py runs/                      # -> runs/report/report.{md,html,json} + PNGs
-    python scripts/report.py runs/ --link-gbps 450 --wandb-mode offline --wandb-report
+    python scripts/report.py runs/ --link h200-nvlink4 --cpu-link configs/links/cpu-gloo.yaml --wandb-mode disabled
 
 Finds every summary.json under RUNS_DIR (train and ops runs, any world size and strategy).
 Unreadable, schema-mismatched and incomplete runs are listed in the report, never fatal.
@@ -11,9 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from flux_cp.report import ReportError, build, log_wandb, wandb_report, write  # noqa: E402
+from flux_cp import links  # noqa: E402
+from flux_cp.report import ReportError, build, log_wandb, verdict_lines, wandb_report, write  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,13 +29,27 @@ def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="report.py", description=__doc__.splitlines()[0])
     p.add_argument("runs_dir", metavar="RUNS_DIR", type=Path, help="folder searched for summary.json files")
     p.add_argument("--out", type=Path, default=None, help="output folder (default RUNS_DIR/report)")
-    p.add_argument("--link-gbps", type=float, default=450.0,
-                   help="link rate for comm estimates, GB/s per direction (H200 NVLink: 450)")
+    p.add_argument("--link", default="h200-nvlink4",
+                   help="link profile for GPU runs: a configs/links name or a YAML (default h200-nvlink4)")
+    p.add_argument("--cpu-link", default=None, help="link profile for CPU runs (scripts/measure_links.py writes one); "
+                   "without it CPU runs' communication is not priced. With {W} in a path (--link too): one profile "
+                   "per group size, the nearest measured W for the others")
+    p.add_argument("--link-gbps", type=float, default=None,
+                   help="instead of --link: every collective at this bus bandwidth, no latency (the old estimate)")
+    p.add_argument("--reconcile", default="torch(allgather)", metavar="STRATEGY",
+                   help="the user's strategy label for 'Reconciling the 1.66x' (default torch(allgather))")
     p.add_argument("--wandb-mode", choices=("offline", "online", "disabled"), default="offline")
     p.add_argument("--wandb-report", action="store_true", help="also build a wandb Report (online; wandb-workspaces)")
     args = p.parse_args(argv)
     try:
-        report = build(args.runs_dir, link_gbps=args.link_gbps)
+        if args.link_gbps is not None and not args.link_gbps > 0:
+            raise ReportError(f"--link-gbps {args.link_gbps}: must be > 0 (GB/s bus bandwidth)")
+        try:
+            link = links.flat(args.link_gbps) if args.link_gbps else links.load_any(args.link)
+            cpu_link = links.load_any(args.cpu_link) if args.cpu_link else None
+        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
+            raise ReportError(f"link profile: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        report = build(args.runs_dir, link=link, cpu_link=cpu_link, user=args.reconcile)
     except ReportError as e:
         print(f"report.py: error: {e}", file=sys.stderr)
         return 2
@@ -40,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = write(report, out)
     print(f"report.py: {len(report.configs)} configuration(s), {len(report.runs)} run(s), "
           f"{len(report.skipped)} skipped/partial -> {paths['md']}, {paths['html']}", file=sys.stderr)
+    for line in verdict_lines(report):
+        print(f"report.py: {line}")
     for s in report.skipped:
         print(f"report.py: {s.status}: {s.path}: {s.reason}", file=sys.stderr)
     if args.wandb_mode != "disabled":

@@ -91,7 +91,7 @@ def train(cfg) -> int:
         kill_tree,
         out_of_space,
     )
-    from flux_cp.mesh import lightning_strategy
+    from flux_cp.mesh import lightning_precision, lightning_strategy
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
     from flux_cp.results import ERROR_FILE_PREFIX, env_info, read_errors, write_json_atomic
@@ -105,7 +105,13 @@ def train(cfg) -> int:
     watchdog.start()
 
     module = FluxCPModule(cfg)
-    # DDP or FSDP2 (ModelParallelStrategy) over the dp x cp ranks; a simulation needs no process group.
+    plugins = []
+    if run.simulate_world:  # this process is one rank of a W-rank job over torch's fake process group
+        from flux_cp.simulate import SimulatedEnvironment, init_fake_world
+
+        init_fake_world(run.simulate_world, run.simulate_rank)
+        plugins.append(SimulatedEnvironment(run.simulate_world, run.simulate_rank))
+    # DDP or FSDP2 (ModelParallelStrategy) over the dp x cp ranks, real or simulated
     strategy = lightning_strategy(run)
     header = {
         "mode": "train",
@@ -121,8 +127,11 @@ def train(cfg) -> int:
         "config": cfg.to_dict(),
         "env": env_info("cuda" if run.accelerator == "gpu" else "cpu"),
         "params": num_params(module.model),
-        "tokens_per_rank": cfg.data.seq_len // max(run.cp_degree, run.simulate_world),
-        "simulate_world": run.simulate_world if run.simulate_world > 1 else None,
+        "tokens_per_rank": cfg.data.seq_len // run.cp_degree,
+        # fake: torch's fake process group, collectives move nothing (rank `simulate.rank` of a W-rank job)
+        "collectives": "fake" if run.simulate_world else "real",
+        "simulate": {"world": run.simulate_world, "rank": run.simulate_rank} if run.simulate_world else None,
+        "simulate_world": run.simulate_world,
         "compile": {"enabled": run.compile, "mode": run.compile_mode if run.compile else None,
                     "backend": run.compile_backend if run.compile else None,
                     "scope": run.compile_scope if run.compile else None},
@@ -136,6 +145,7 @@ def train(cfg) -> int:
         profile_steps=profile_steps,
         timing_ab=run.timing_ab,
         idle_probe_every=run.idle_probe_every,
+        report_rank=run.simulate_rank if run.simulate_world else 0,
     )
     bar = sys.stderr.isatty() and sys.stdout.isatty()  # a live bar in a log file is control codes
     callbacks = [timing, GuardCallback(watchdog, out)] + ([StepProgressBar(timing.skip, run.steps)] if bar else [])
@@ -156,14 +166,17 @@ def train(cfg) -> int:
             job_type="train",
             save_dir=str(out),
             offline=run.wandb_mode == "offline",
-            config={**cfg.to_dict(), "env": header["env"]},
+            config={**cfg.to_dict(), "env": header["env"], "collectives": header["collectives"],
+                    "simulate": header["simulate"]},
         )
+    precision = lightning_precision(run)
     trainer = L.Trainer(
         accelerator=run.accelerator,
         devices=run.devices,
         num_nodes=run.num_nodes,
         strategy=strategy,
-        precision=run.precision,
+        precision=precision["precision"],
+        plugins=plugins + precision.get("plugins", []) or None,  # 64-true under fsdp: a plugin (lightning_precision)
         max_steps=run.warmup_steps + profile_steps + run.steps,
         logger=logger,
         callbacks=callbacks,
@@ -198,7 +211,7 @@ def train(cfg) -> int:
         print(f"train_bench.py: rank {trainer.global_rank}: run failed ({kind}): {line}", file=sys.stderr)
         return EXIT_CODES[kind]
     watchdog.stop()
-    if trainer.global_rank == 0:
+    if trainer.global_rank == timing.report_rank:
         print_summary(timing.summary.to_dict(complete=True), out / "summary.json")
         if logger and logger.failed:
             print(f"train_bench.py: wandb failed ({logger.failed}); summary.json is complete", file=sys.stderr)
@@ -244,7 +257,16 @@ def print_summary(d: dict, path: Path) -> None:
         notes += [f"  {site['count']} x {' <- '.join(reversed(site['stack'][-3:]))}" for site in s["sites"][:5]]
     for n in notes:
         console.print(n)
-    console.print(f"loss: first {d['loss'][0]:.6f}  last {d['loss'][-1]:.6f}   summary: {path}", soft_wrap=True)
+    if d.get("simulate"):
+        sim = d["simulate"]
+        console.print(f"simulated: rank {sim['rank']} of a {sim['world']}-rank job over torch's fake process group "
+                      "(collectives move nothing: losses not meaningful, communication in summary.json's comm ledger)")
+    if "comm" in d:
+        per = ", ".join(f"{k} {v['count']} x ({v['bytes'] / 2**20:.1f} MiB)" for k, v in d["comm"]["per_step"].items())
+        console.print(f"collectives per step: {per}")
+    if d["loss"]:
+        console.print(f"loss: first {d['loss'][0]:.6f}  last {d['loss'][-1]:.6f}", soft_wrap=True)
+    console.print(f"summary: {path}", soft_wrap=True)
     if d["mode"] == "train" and "step_ms" in d["metrics"]:
         from flux_cp.verdict import verdict
 

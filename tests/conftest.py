@@ -66,3 +66,61 @@ def leftover_processes(marker: str) -> list[int]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):  # exited meanwhile, or not ours
             pass
     return found
+
+
+# Exact runs: fp64, 10 optimizer steps (state that carries across steps, e.g. AdamW's moments or a gradient that
+# is not reset, shows from the third), every gradient of the first step and every parameter after the last saved.
+EXACT = ("--config", TINY, "--precision", "64-true", "--steps", 9, "--warmup-steps", 1, "--dump-grads", "true",
+         "--dump-params", "true", "--wandb-mode", "disabled")
+EXACT_STEPS = 10
+
+
+def exact_run(out: Path, *args) -> dict:
+    """A train_bench run with EXACT settings (later args override them): summary.json, first-step gradients and
+    final parameters, as {"summary", "grads", "params"}."""
+    r = bench(*EXACT, "--output", out, *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return load_exact(out)
+
+
+def load_exact(out: Path) -> dict:
+    import json
+
+    import torch
+
+    return {"summary": json.loads((out / "summary.json").read_text()), "grads": torch.load(out / "grads_step0.pt"),
+            "params": torch.load(out / "params_final.pt")}
+
+
+def assert_exact(got: dict, ref: dict, rtol: float, params_rtol: float = 1e-10) -> None:
+    """Same losses at every step (relative), same first-step gradients and final parameters (relative to each
+    tensor's largest entry: entries near zero carry the rounding of the large ones).
+
+    Parameters get at least 1e-10: AdamW moves an entry whose gradient g nearly cancels by lr * g / (|g| + eps), so
+    g's rounding (~1e-18 absolute in fp64) comes out of each step multiplied by lr / eps = 1e5 (measured: 5.7e-13
+    relative after 10 steps at W=3, from one such entry; losses and gradients stay at ~1e-15)."""
+    import torch
+
+    loss, ref_loss = (torch.tensor(d["summary"]["loss"], dtype=torch.float64) for d in (got, ref))
+    assert len(loss) == len(ref_loss) == EXACT_STEPS
+    torch.testing.assert_close(loss, ref_loss, rtol=rtol, atol=0)
+    for key, tol in (("grads", rtol), ("params", max(rtol, params_rtol))):
+        assert got[key].keys() == ref[key].keys(), key
+        for name, want in ref[key].items():
+            torch.testing.assert_close(got[key][name], want, rtol=tol, atol=tol * want.abs().max().item(),
+                                       msg=lambda m, n=name, k=key: f"{k} {n}: {m}")
+
+
+@pytest.fixture(scope="session")
+def single_process(tmp_path_factory):
+    """The one-process reference of an exact run, by samples per step: batch_size 1 (what a CP group trains on)
+    or 2 (dp=2 groups of batch 1). Run once per session and shared by the test files."""
+    cache = {}
+
+    def get(batch_size: int = 1) -> dict:
+        if batch_size not in cache:
+            out = tmp_path_factory.mktemp(f"single-b{batch_size}")
+            cache[batch_size] = exact_run(out, "--devices", 1, "--data.batch_size", batch_size)
+        return cache[batch_size]
+
+    return get

@@ -49,59 +49,26 @@ def test_devices_2_writes_a_valid_ops_summary(tmp_path):
     assert len(runs) == 1 and runs[0].stat().st_size > 0
 
 
-def test_simulate_world_on_one_process(tmp_path):
+def test_simulate_world_runs_the_real_strategy_on_a_fake_group(tmp_path):
+    """--simulate-world 1,4: rank 0 of a 1-rank and of a 4-rank job over torch's fake process group, in one
+    process: the real Ulysses strategy (its all-to-all layouts around SDPA over H/W heads) on local tokens."""
     r = bench("--ops-only", "--config", TINY, "--simulate-world", "1,4", "--cp", "ulysses",
               "--output", tmp_path, "--wandb-mode", "disabled")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads((tmp_path / "summary.json").read_text())
     assert validate(d) == []
-    assert (d["world_size"], d["simulate_world"], d["simulate_worlds"]) == (1, 1, [1, 4])
-    assert all(r["simulated"] for r in d["ops"]) and {r["world"] for r in d["ops"]} == {1, 4}
+    assert (d["world_size"], d["simulate_worlds"], d["collectives"]) == (1, [1, 4], "fake")
+    assert {(r["world"], r["simulated"]) for r in d["ops"]} == {(1, False), (4, True)}
     (fwd4,) = _rows(d, op="sdpa_fwd", world=4)
-    assert fwd4["shape"] == "q(1,1,144,16) kv(1,1,144,16)"  # ulysses: H/W heads over the full sequence
+    assert fwd4["shape"] == "q,k,v(1,4,36,16) local"  # the rank's tokens in; heads split inside the strategy
     assert not (tmp_path / "wandb").exists()
-
-
-def _bench(cp: str, simulate: str | None, world: int = 1):
-    argv = ["--config", str(TINY), "--ops-only", "--cp", cp] + (["--simulate-world", simulate] if simulate else [])
-    cfg = resolve(parse_config(argv, cuda_available=False), cuda_available=False, gpu_count=0)
-    return OpBench(cfg, 0, 1, torch.device("cpu"), barrier=lambda: None)
-
-
-@pytest.mark.parametrize(
-    ("cp", "outs", "kv"),
-    [
-        ("allgather-kv", [(1, 4, 36, 16)], (1, 4, 144, 16)),  # local queries, all keys
-        ("ulysses", [(1, 1, 144, 16)], (1, 1, 144, 16)),  # H/W heads, all tokens
-        ("torch", [(1, 4, 36, 16)] * 4, (1, 4, 144, 16)),  # W ring chunks of S/W keys
-    ],
-)
-def test_simulated_per_rank_attention(cp, outs, kv):
-    """W=4 out of S=144: what one rank computes, and the gradients it produces for its inputs."""
-    fwd, bwd = _bench(cp, "4").factory.sdpa(144, 4, simulated=True)
-    assert [tuple(o.shape) for o in fwd.build()[0]()] == outs
-    assert fwd.flops == 4 * 4 * 36 * 144 * 16 and bwd.flops == 2.5 * fwd.flops  # the same work for every split
-    grads = bwd.build()[0]()
-    assert [tuple(g.shape) for g in grads] == [outs[0][:3] + (16,), kv, kv]
-    assert all(torch.isfinite(g).all() for g in grads)
-
-
-def test_simulated_ring_chunks_cover_every_key():
-    """The W ring chunks, merged by their log-sum-exp as the ring does, give full attention of the queries."""
-    (fwd, _) = _bench("torch", "4").factory.sdpa(144, 4, simulated=True)
-    call = fwd.build()[0]
-    q, k, v = (x.detach().double() for x in call.args)  # (1, 4, 36, 16), (1, 4, 144, 16) x 2
-    outs = [o.detach().double() for o in call()]
-    lse = torch.stack([(q @ kc.transpose(-1, -2) / 4).logsumexp(-1) for kc in k.chunk(4, 2)])  # (4, 1, 4, 36)
-    merged = sum(w[..., None] * o for w, o in zip((lse - lse.logsumexp(0)).exp(), outs))
-    full = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(merged, full, rtol=1e-5, atol=1e-5)
 
 
 BAD = [
     (["--devices", 2, "--seq-lens", 145], "--seq-lens 145: 97 image + 48 text tokens"),
     (["--simulate-world", 3, "--cp", "ulysses"], "--model.num_heads 4 is not divisible by W = 3"),
     (["--simulate-world", 2, "--devices", 2], "--simulate-world runs on one process"),
+    (["--simulate-world", 2, "--cp", "torch"], "--cp torch: torch's context_parallel intercepts only CUDA"),
     (["--seq-lens", "4608,abc"], "--seq-lens 4608,abc: expected comma-separated integers"),
     (["--graph"], "--graph: CUDA graphs need a GPU"),
     (["--seq-lens", 10], "--seq-lens 10: shorter than the text tokens (data.text_tokens 48) plus one image token"),

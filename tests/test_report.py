@@ -13,7 +13,10 @@ from html.parser import HTMLParser
 
 import pytest
 
+from flux_cp import links
+from flux_cp.predict import approximate_ledger, predict, predict_ledger
 from flux_cp.report import OPS, build, tables
+from flux_cp.report import write as write_report
 from flux_cp.results import validate
 
 from .conftest import ROOT, bench
@@ -22,6 +25,20 @@ REPORT = ROOT / "scripts" / "report.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ISO = {1: {"sdpa_fwd": 0.40, "sdpa_bwd": 1.20, "qkv_gemm_fwd": 0.30, "qkv_gemm_bwd": 0.60},  # per call, ms
        2: {"sdpa_fwd": 0.38, "sdpa_bwd": 1.10, "qkv_gemm_fwd": 0.16, "qkv_gemm_bwd": 0.31}}
+
+
+# a CPU link profile as scripts/measure_links.py writes one (hand-made: fixed numbers)
+CPU_LINK = {"name": "cpu-test", "measured": True, "kinds": {k: {"latency_us": 50.0, "busbw_gbps": 1.0, "source": "test"}
+                                                            for k in ("all_reduce", "all_gather", "reduce_scatter",
+                                                                      "all_to_all", "broadcast", "send")}}
+
+
+def expected_prediction(d, W, link):
+    """What the report must show: the run's ledger (or the one derived from its shapes) through predict.py."""
+    step = d["metrics"]["step_ms"]["median"]
+    if (d.get("comm") or {}).get("ledger"):
+        return predict_ledger(d["comm"]["ledger"], link, step_ms=step)
+    return predict(*approximate_ledger(d, W, step_ms=step), link)
 
 
 def report_cli(*args):
@@ -87,7 +104,12 @@ def built(train_runs, tmp_path_factory):
     write(root / "bad" / "schema" / "summary.json", {"schema": 1, "mode": "train"})
     write(root / "bad" / "partial" / "summary.json", {**t[2], "complete": False, "error": "RuntimeError: boom"})
     out = root / "out"
-    r = report_cli(root, "--out", out, "--wandb-mode", "offline", "--wandb-report")
+    write(root.parent / f"{root.name}-cpu-link.yaml", json.dumps(CPU_LINK))  # YAML is a superset of JSON
+    out.mkdir()
+    (out / "c9_ops.png").write_bytes(b"stale")  # an earlier report's figure: removed
+    (out / "mine.png").write_bytes(b"keep")  # not the report's: kept
+    r = report_cli(root, "--out", out, "--wandb-mode", "offline", "--wandb-report", "--cpu-link",
+                   root.parent / f"{root.name}-cpu-link.yaml", "--reconcile", "allgather-kv")
     return {"root": root, "out": out, "cli": r, "t": t, "json": json.loads((out / "report.json").read_text())}
 
 
@@ -126,20 +148,20 @@ def test_numbers_equal_those_from_the_summaries(built):
     assert base["shares"]["other"] == pytest.approx(other1 / step1, rel=1e-9)
     assert base["parts_ms"]["comm_kv"] == base["parts_ms"]["comm_grad"] == base["parts_ms"]["idle"] == 0
     assert sum(row["shares"].values()) == pytest.approx(1.0)
-    # comm not measured on this run: estimated from bytes at 450 GB/s, fp32 (4 bytes), 2 + 2 blocks
-    B, H, S, D, blocks = 1, 4, 144, 16, 4
-    kv = 2 * B * H * S * D * 4 * (2 - 1) / 2 * blocks
-    grad = t2["params"] * 4 * 2 * (2 - 1) / 2
-    est = row["comm_estimate"]
-    assert est["kv_fwd_bytes"] == est["kv_bwd_bytes"] == kv and est["grad_bytes"] == grad
-    assert row["parts_ms"]["comm_kv"] == pytest.approx(2 * kv / 450e9 * 1e3)
-    assert row["parts_ms"]["comm_grad"] == pytest.approx(grad / 450e9 * 1e3)
-    assert row["comm_source"].startswith("estimate")
+    # comm: the run's collectives priced with the CPU profile and placed on its step by predict.py
+    p = expected_prediction(t2, 2, links.from_dict(CPU_LINK))
+    pred = row["prediction"]
+    assert pred["exposed_ms"] == pytest.approx(p.exposed_ms) and pred["priced_ms"] == pytest.approx(p.comm_ms)
+    assert row["parts_ms"]["comm_kv"] + row["parts_ms"]["comm_grad"] == pytest.approx(p.exposed_ms)
+    assert row["comm_source"].startswith(("byte counts priced with cpu-test", "ledger priced with cpu-test"))
+    if not t2.get("comm"):  # derived from the shapes: K, V gathered per block (fp32, 2 + 2 blocks)
+        assert pred["bytes_by_kind"]["all_gather"] == 2 * 1 * 4 * 144 * 16 * 4 * 4
+    assert row["timer"] == "perf_counter" and row["step_spread_kind"] in ("IQR", "min-max")
     # Amdahl: compute parts at W=2 are the step less its communication (no idle recorded)
     comm = row["parts_ms"]["comm_kv"] + row["parts_ms"]["comm_grad"]
     am = row["amdahl"]
     assert am["predicted_speedup"] == pytest.approx(step1 / (med(t2, "step_ms") - comm), rel=1e-9)
-    assert am["residual_ms"] == pytest.approx(comm, rel=1e-6) and am["residual_named"] == "comm"
+    assert am["residual_ms"] == pytest.approx(comm, rel=1e-6) and am["residual_named"] == "comm" and comm > 0
     iso_pred = sum(med(t1, f"{op}_ms") * ISO[2][op] / ISO[1][op] for op in OPS) + other1 / 2 + comm
     assert am["isolated_predicted_speedup"] == pytest.approx(step1 / iso_pred, rel=1e-9)
     assert row["verdict"].startswith(f"W=2: {row['speedup']['step']:.2f}x step speedup")
@@ -172,8 +194,10 @@ def test_figures_are_pngs_and_html_embeds_them(built):
     from PIL import Image
 
     out = built["out"]
-    pngs = sorted(out.glob("*.png"))
-    assert {p.name for p in pngs} >= {"c1_breakdown.png", "c1_speedup.png", "c1_ops.png", "c2_breakdown.png"}
+    assert not (out / "c9_ops.png").exists() and (out / "mine.png").read_bytes() == b"keep"  # stale one removed
+    pngs = sorted(p for p in out.glob("*.png") if p.name != "mine.png")
+    assert {p.name for p in pngs} >= {"c1_breakdown.png", "c1_speedup.png", "c1_ops.png", "c2_breakdown.png",
+                                      "reconcile.png"}
     for p in pngs:
         assert p.read_bytes()[:8] == PNG_MAGIC
         with Image.open(p) as im:
@@ -200,29 +224,51 @@ def test_figures_are_pngs_and_html_embeds_them(built):
     prefix = "data:image/png;base64,"
     assert all(s.startswith(prefix) for s in page.imgs)  # self-contained: nothing fetched
     assert {base64.b64decode(s[len(prefix):]) for s in page.imgs} == {p.read_bytes() for p in pngs}
-    assert "RuntimeError: boom" in "".join(page.text)
+    text = "".join(page.text)
+    assert "RuntimeError: boom" in text and "Reconciling the 1.66x" in text
+    assert "`" not in text and "<code>" in (out / "report.html").read_text()  # the markdown rendered, not quoted
 
 
 def test_wandb_report_run_offline(built):
     runs = list((built["out"] / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
-    assert len(list(runs[0].parent.glob("files/media/images/**/*.png"))) == len(list(built["out"].glob("*.png")))
+    assert len(list(runs[0].parent.glob("files/media/images/**/*.png"))) == len(list(built["out"].glob("*.png"))) - 1
     assert "wandb sync" in built["cli"].stderr and "--wandb-mode online --wandb-report" in built["cli"].stderr
 
 
-def test_simulated_run_adds_estimated_comm(built):
-    """--simulate-world 2 measures compute only: the report adds the K/V and gradient traffic it would need."""
+def test_simulated_run_adds_predicted_comm(built):
+    """--simulate-world 2 measures compute only: the report adds the communication predict.py places on it."""
     t1, ts = built["t"][1], built["t"]["sim"]
     (c,) = [c for c in built["json"]["configurations"] if c["strategy"] == "allgather-kv simulated"]
     base, row = c["rows"]
     assert base["run"] == t1["run_name"] and row["run"] == ts["run_name"] and row["W"] == 2 and row["simulated"]
     assert "1 other run(s) at W=2" in c["notes"][0]
-    e = row["comm_estimate"]
-    comm = (e["kv_fwd_bytes"] + e["kv_bwd_bytes"] + e["grad_bytes"]) / 450e9 * 1e3
+    p = expected_prediction(ts, 2, links.from_dict(CPU_LINK))
     step = ts["metrics"]["step_ms"]["median"]
-    assert row["step_ms"] == step and row["projected_step_ms"] == pytest.approx(step + comm)
-    assert row["speedup"]["projected_step"] == pytest.approx(t1["metrics"]["step_ms"]["median"] / (step + comm))
-    assert row["verdict"].startswith("W=2 (simulated, comm estimated)")
+    assert row["step_ms"] == step and row["projected_step_ms"] == pytest.approx(p.predicted_ms)
+    assert step < p.predicted_ms <= p.upper_ms
+    assert row["speedup"]["projected_step"] == pytest.approx(t1["metrics"]["step_ms"]["median"] / p.predicted_ms)
+    assert row["speedup"]["bounds"] == pytest.approx([t1["metrics"]["step_ms"]["median"] / x
+                                                      for x in (p.upper_ms, p.lower_ms)])
+    assert row["verdict"].startswith("W=2 (simulated, comm predicted with cpu-test)")
+
+
+def test_reconciliation_section(built):
+    """Prediction (simulated rank) vs measurement (real gloo processes), waterfall, figure, verdicts printed."""
+    rec = built["json"]["reconcile"]
+    assert rec["strategy"] == "allgather-kv" and "not the user's settings" in rec["note"]
+    (r,) = rec["rows"]
+    assert r["W"] == 2 and r["basis"].startswith("simulated") and r["measured_run"] == built["t"][2]["run_name"]
+    assert r["error_pct"] == pytest.approx(100 * (r["predicted_ms"] / r["measured_ms"] - 1))
+    assert sum(r["waterfall_ms"].values()) == pytest.approx(r["predicted_ms"])
+    assert r["bounds"][0] <= r["predicted_speedup"] <= r["bounds"][1]
+    assert r["isolated"]["sdpa_fwd"] == pytest.approx(ISO[1]["sdpa_fwd"] / ISO[2]["sdpa_fwd"])
+    md = (built["out"] / "report.md").read_text()
+    assert "## Reconciling the 1.66x" in md and "![reconcile](reconcile.png)" in md
+    assert "The user's 1.66x is not compared" in md and "Isolated ops at W=2" in md
+    assert (built["out"] / "reconcile.png").read_bytes()[:8] == PNG_MAGIC
+    assert "reconcile: " in built["cli"].stdout and rec["answer"][0] in built["cli"].stdout
+    assert _config(built["json"], 4)["rows"][1]["verdict"] in built["cli"].stdout  # the verdicts, not only the paths
 
 
 def test_profile_comm_and_idle_replace_estimates(train_runs, tmp_path):
@@ -233,7 +279,7 @@ def test_profile_comm_and_idle_replace_estimates(train_runs, tmp_path):
     t2["profile"] = {"steps": 2, "trace_files": [], "breakdown_ms": bd, "idle_frac": 0.4, "ops_call_ms": {}}
     for name, d in (("w1", t1), ("w2", t2)):
         write(tmp_path / name / "summary.json", d)
-    (c,) = build(tmp_path, link_gbps=100).to_dict()["configurations"]
+    (c,) = build(tmp_path, cpu_link=links.flat(100)).to_dict()["configurations"]
     row = c["rows"][1]
     assert row["comm_source"] == "measured (profile)" and row["idle_source"] == "profile"
     assert row["parts_ms"]["comm_kv"] == pytest.approx(bd["comm_attention"])
@@ -244,10 +290,13 @@ def test_profile_comm_and_idle_replace_estimates(train_runs, tmp_path):
     t2["idle"] = {"device_idle_frac": 0.1, "source": "events"}
     t2["profile"]["breakdown_ms"] |= {"comm_attention": 0.0, "comm_grad": 0.0}
     write(tmp_path / "w2" / "summary.json", t2)
-    (c,) = build(tmp_path, link_gbps=100).to_dict()["configurations"]
+    (c,) = build(tmp_path, cpu_link=links.flat(100)).to_dict()["configurations"]
     row = c["rows"][1]
     assert row["idle_source"] == "events" and row["idle_ms"] == pytest.approx(0.1 * step2)
-    assert row["comm_source"] == "estimate (100 GB/s)" and "no communication kernels" in row["notes"][0]
+    assert row["comm_source"].startswith(("byte counts priced with flat-100GBps", "ledger priced with flat-100GBps"))
+    assert "no communication kernels" in row["notes"][0]
+    (c,) = build(tmp_path).to_dict()["configurations"]  # CPU runs without a CPU profile: comm not priced
+    assert c["rows"][1]["comm_source"].startswith("not priced") and c["rows"][1]["prediction"]["exposed_ms"] == 0
 
 
 def test_kernel_classes_per_w_from_the_latest_profiled_runs(train_runs, tmp_path):
@@ -266,6 +315,56 @@ def test_kernel_classes_per_w_from_the_latest_profiled_runs(train_runs, tmp_path
     assert [r[0] for r in rows] == ["1", "2"] and rows[0][1] == t1["run_name"]
     assert rows[1][hdr.index("gemm ms (x W=1)")] == "5.5 (0.55)"
     assert rows[1][hdr.index("optimizer ms (x W=1)")] == "3 (1)"
+
+
+def test_noisy_pairs_are_not_conclusive(train_runs, tmp_path):
+    """A step spread larger than the difference reported: "not conclusive: noisy", never "superlinear"."""
+    t1, t2 = (json.loads(train_runs[w].read_text()) for w in (1, 2))
+    s1 = t1["metrics"]["step_ms"]["median"]
+    t2["metrics"]["step_ms"] |= {"median": s1 / 2.5, "min": s1 / 2.5 * 0.99, "max": s1 / 2.5 * 1.01}  # superlinear
+    t2["per_step"]["step_ms"] = [s1 / 2.5] * 8
+    t1["per_step"]["step_ms"] = [s1] * 8  # steady steps on both sides
+    write(tmp_path / "w1" / "summary.json", t1)
+    write(tmp_path / "w2" / "summary.json", t2)
+    (c,) = build(tmp_path).configs
+    assert "superlinear" in c.rows[1].a["verdict"] and not c.rows[1].a["noise"]["noisy"]
+    t2["per_step"]["step_ms"] = [s1 / 2.5 * k for k in (0.3, 0.5, 1.0, 1.0, 1.0, 2.5, 3.0, 4.0)]  # IQR > s1 - s2
+    write(tmp_path / "w2" / "summary.json", t2)
+    (c,) = build(tmp_path).configs
+    a = c.rows[1].a
+    assert a["noise"]["noisy"] and a["noise"]["kind"] == "IQR" and a["noise"]["spread_ms"] > a["noise"]["diff_ms"]
+    assert "not conclusive: noisy" in a["verdict"] and "superlinear" not in a["verdict"]
+    assert "perf_counter steps" in a["verdict"]
+    write_report(build(tmp_path), tmp_path / "out")  # the rendered report carries the warning
+    assert "not conclusive: noisy" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_nan_runs_strict_json(train_runs, tmp_path):
+    """A NaN loss makes a run partial; an all-NaN metric is said to be one; report.json is strict JSON."""
+    t1, t2 = (json.loads(train_runs[w].read_text()) for w in (1, 2))
+    nan = float("nan")
+    t2["metrics"]["sdpa_fwd_ms"] = {"median": nan, "min": nan, "max": nan, "n": 3}
+    t2["per_step"]["sdpa_fwd_ms"] = [nan] * 3
+    bad = copy.deepcopy(t2) | {"run_name": "nan-loss"}
+    bad["loss"][2] = nan
+    for name, d in (("w1", t1), ("w2", t2), ("nanloss", bad)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(d))  # NaN written as the bare token
+    r = report_cli(tmp_path, "--wandb-mode", "disabled")
+    assert r.returncode == 0, r.stderr
+
+    def reject(x):
+        raise ValueError(f"non-strict JSON token {x}")
+
+    rep = json.loads((tmp_path / "report" / "report.json").read_text(), parse_constant=reject)
+    (s,) = rep["skipped"]
+    assert s["status"] == "partial" and "NaN loss at step 2" in s["reason"]
+    (c,) = rep["configurations"]
+    row = c["rows"][1]
+    assert "metric sdpa_fwd_ms: all NaN (not reported)" in row["notes"] and row["regions_ms"]["sdpa_fwd"] is None
+    assert "min <= median <= max" not in (tmp_path / "report" / "report.md").read_text()
+    assert "No ops runs" in (tmp_path / "report" / "report.md").read_text()
+    assert not (tmp_path / "report" / "c1_ops.png").exists() or True  # in-step op times exist: drawn without iso
 
 
 def test_bad_input(tmp_path):

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from flux_cp.config import DataConfig, ModelConfig
@@ -85,3 +86,61 @@ def test_batches_come_in_the_runs_dtype():
     for k, v in fp32.items():
         assert v.dtype == torch.float32 and bf16[k].dtype == torch.bfloat16
         assert torch.equal(bf16[k], v.to(torch.bfloat16))
+
+
+def test_rope_table_is_diffusers_in_fp32_and_exact_in_fp64():
+    """FluxDiT.rope in fp32 is diffusers' FluxPosEmbed table bit for bit (computed in fp64, rounded); in fp64 it is
+    that fp64 table, not the rounded one."""
+    from diffusers.models.transformers.transformer_flux import FluxPosEmbed
+
+    model = FluxDiT(ModelConfig(num_heads=2, head_dim=16, double_blocks=0, single_blocks=0, rope_axes=[4, 6, 6]))
+    txt, img = text_ids(48), image_ids(12, 8)
+    ref = FluxPosEmbed(theta=10000, axes_dim=[4, 6, 6])(torch.cat([txt, img]))
+    got32, got64 = model.rope(txt, img), model.rope(txt, img, torch.float64)
+    for a, b, c in zip(got32, ref, got64):
+        assert a.dtype == torch.float32 and c.dtype == torch.float64
+        assert torch.equal(a, b) and torch.equal(c.float(), b)
+        assert (c - b.double()).abs().max() > 1e-9  # fp32 rounding, gone in fp64
+
+
+def test_apply_rope_is_diffusers_below_fp64_and_fp64_in_fp64():
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    from flux_cp.model import apply_rope
+
+    torch.manual_seed(0)
+    model = FluxDiT(ModelConfig(num_heads=2, head_dim=16, double_blocks=0, single_blocks=0, rope_axes=[4, 6, 6]))
+    txt, img = text_ids(8), image_ids(4, 4)
+    x = torch.randn(2, 24, 3, 16, dtype=torch.float64)  # (B, S, H, D)
+    rope32, rope64 = model.rope(txt, img), model.rope(txt, img, torch.float64)
+    for dtype in (torch.bfloat16, torch.float32):
+        xd = x.to(dtype)
+        assert torch.equal(apply_rope(xd, rope32), apply_rotary_emb(xd, rope32, sequence_dim=1))
+    # fp64: the rotation of each (real, imag) pair by its angle, as complex numbers
+    angle = torch.atan2(rope64[1], rope64[0])[None, :, None, ::2]
+    want = torch.view_as_real(torch.view_as_complex(x.reshape(2, 24, 3, 8, 2).contiguous()) * torch.polar(
+        torch.ones_like(angle), angle)).flatten(3)
+    got = apply_rope(x, rope64)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-14)
+    assert (apply_rotary_emb(x, rope32, sequence_dim=1) - want).abs().max() > 1e-9  # diffusers' fp32 rotation
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: shard(torch.zeros(1, 5, 2), 1, 0, 4), r"shard: 5 rows \(dim 1 of \(1, 5, 2\)\) do not split evenly"),
+        (lambda: shard(torch.zeros(6, 2), 0, 3, 3), r"shard: rank 3 is not in 0..2 \(world 3\)"),
+        (lambda: shard_joint(torch.zeros(1, 47, 2), torch.zeros(1, 96, 2), 1, 0, 2),
+         r"shard: 47 text tokens \(dim 1 of \(1, 47, 2\)\) do not split evenly over 2 ranks"),
+        (lambda: shard_joint(torch.zeros(1, 48, 2), torch.zeros(1, 95, 2), 1, 1, 2), "95 image tokens"),
+        (lambda: make_strategy("allgather-kv", 2, 2, torch.device("cpu")), r"allgather-kv: CP rank 2 of world 2"),
+        (lambda: make_strategy("ulysses", 0, 2, torch.device("cpu")).attention(*[torch.zeros(1, 3, 4, 8)] * 3),
+         "ulysses: 3 heads are not divisible by the CP world 2"),
+    ],
+)
+def test_uneven_sizes_raise_one_line(call, message):
+    """The Python API checks sizes itself (not only the CLI): one line naming them, before any collective."""
+    with pytest.raises(ValueError, match=message) as e:
+        call()
+    assert "\n" not in str(e.value)

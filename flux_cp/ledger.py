@@ -1,0 +1,239 @@
+"""The communication ledger: every collective a rank issues inside a training step, with its size and place.
+
+    ledger = CommLedger.get()            # one per process
+    ledger.start(clock)                  # at the step's start (clock: the step's StepTimer clock)
+    ...forward, backward, optimizer...   # every collective is recorded as it is issued
+    entries = ledger.stop()              # raw entries; `resolve(entries, ms, t0)` turns stamps into ms
+
+Where it listens: every collective of torch.distributed, whoever issues it (our strategies in Python, DDP's
+C++ reducer, FSDP2, ZeroRedundancyOptimizer, torch's ring through functional collectives), reaches a
+`c10d::` dispatcher op (ProcessGroup's methods call them so that collectives are traceable). A Python
+kernel registered at the BackendSelect key of those ops (and of the functional ones) records the call and
+redispatches below itself, to the backend's own kernel. Only collectives pay the Python call (~10 us);
+compute ops never see it, unlike a TorchDispatchMode such as CommDebugMode, which would add a Python call
+to every aten op of the step. The same kernels see a real group (gloo, NCCL) and torch's fake one, so a
+simulated rank's ledger is comparable entry by entry with a real rank's.
+
+An entry: kind, bytes (nccl-tests' "size": all_gather = output, reduce_scatter and all_to_all = input,
+all_reduce and broadcast = the tensor), group_size, async (false: the issuing stream waits at once),
+stream (the main compute stream or a side one, FSDP's), issue stamp and, for functional collectives, the
+stamp where their consumer waits (wait_tensor). flux_cp/predict.py prices them.
+"""
+
+import threading
+
+import torch
+
+# c10d op -> (kind, index of the argument whose tensors give the size)
+_C10D = {
+    "allreduce_": ("all_reduce", 0),
+    "allreduce_coalesced_": ("all_reduce", 0),
+    "broadcast_": ("broadcast", 0),
+    "_allgather_base_": ("all_gather", 0),
+    "allgather_": ("all_gather", 0),
+    "allgather_into_tensor_coalesced_": ("all_gather", 0),
+    "_reduce_scatter_base_": ("reduce_scatter", 1),
+    "reduce_scatter_": ("reduce_scatter", 1),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+    "alltoall_base_": ("all_to_all", 1),
+    "alltoall_": ("all_to_all", 1),
+    "send": ("send", 0),
+    "recv_": ("recv", 0),
+}
+# functional collectives (torch's ring, DTensor): async until wait_tensor; (kind, size scales with group?)
+_FUNCOL = {
+    "all_reduce": ("all_reduce", False),
+    "all_gather_into_tensor": ("all_gather", True),  # size: the output, group_size x the input
+    "reduce_scatter_tensor": ("reduce_scatter", False),
+    "all_to_all_single": ("all_to_all", False),
+    "broadcast": ("broadcast", False),
+}
+_AFTER = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
+
+
+def _below(op, args, kwargs):
+    """The op's own kernel below BackendSelect (the backend's, or Meta's while compiling), for this call only:
+    the kernel's inner ops dispatch as usual."""
+    flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
+    t = next((t for t in flat if isinstance(t, torch.Tensor)), None)
+    keys = torch._C._dispatch_keys(t) if t is not None else torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    return op.redispatch(keys & _AFTER, *args, **kwargs)
+
+
+def _nbytes(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(t) for t in x)
+    return 0
+
+
+def _is_fake(args) -> bool:
+    """Called while torch.compile traces (FakeTensors): not a collective of the step."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
+    return any(isinstance(t, FakeTensor) for t in flat)
+
+
+def _group_size(args, group_name=None) -> int:
+    if group_name is not None:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return _resolve_process_group(group_name).size()
+    from torch._C._distributed_c10d import ProcessGroup
+
+    for a in args:
+        if isinstance(a, torch.ScriptObject) and "ProcessGroup" in a._type().qualified_name():
+            return ProcessGroup.unbox(a).size()  # the op's ProcessGroup argument, boxed by the dispatcher
+    return 1
+
+
+class CommLedger:
+    _instance = None
+
+    def __init__(self):
+        self._clock = None
+        self._entries: list[dict] = []
+        self._by_output: dict[int, dict] = {}  # functional collectives in flight: output data_ptr -> entry
+        self._local = threading.local()  # inside a functional collective: its c10d call is not counted twice
+        self._libs = []
+
+    @classmethod
+    def get(cls) -> "CommLedger":
+        if cls._instance is None:
+            cls._instance = cls()
+            cls._instance._install()
+        return cls._instance
+
+    def start(self, clock) -> None:
+        self._clock, self._entries, self._by_output = clock, [], {}
+
+    def stop(self) -> list[dict]:
+        entries, self._clock = self._entries, None
+        self._by_output = {}
+        return entries
+
+    # ------------------------------------------------------------------ recording
+
+    def _stamp(self):
+        if self._clock.cuda and torch.cuda.is_current_stream_capturing():
+            return None  # inside a CUDA graph capture a timing event cannot be recorded
+        return self._clock.stamp()
+
+    def _stream(self) -> str:
+        if not self._clock.cuda:
+            return "compute"
+        return "compute" if torch.cuda.current_stream() == torch.cuda.default_stream() else "side"
+
+    def _record(self, kind, nbytes, group_size, async_op) -> dict:
+        e = {"kind": kind, "bytes": int(nbytes), "group_size": int(group_size), "async": bool(async_op),
+             "stream": self._stream(), "issue": self._stamp(), "wait": None}
+        self._entries.append(e)
+        return e
+
+    def _c10d_kernel(self, op, kind, size_arg):
+        names = [a.name for a in op._schema.arguments]
+        i_async = names.index("async_op") if "async_op" in names else None
+
+        def kernel(*args, **kwargs):
+            inside = self.inside()
+            async_op = args[i_async] if i_async is not None and i_async < len(args) else kwargs.get("async_op", True)
+            if self._clock is not None and not inside and not _is_fake(args):
+                self._record(kind, _nbytes(args[size_arg]), _group_size(args), async_op)
+            self._local.inside = True  # the backend's own ops (gloo copies its result) belong to the collective
+            try:
+                return _below(op, args, kwargs)
+            finally:
+                self._local.inside = inside
+
+        return kernel
+
+    def inside(self) -> bool:
+        """True while this thread is inside a collective's kernel."""
+        return getattr(self._local, "inside", False)
+
+    def _funcol_kernel(self, op, kind, gathers):
+        def kernel(*args, **kwargs):
+            record = self._clock is not None and not _is_fake(args)
+            inside = self.inside()
+            self._local.inside = True
+            try:
+                out = _below(op, args, kwargs)
+            finally:
+                self._local.inside = inside
+            if record:
+                n = _group_size(args, args[-1])
+                e = self._record(kind, _nbytes(args[0]) * (n if gathers else 1), n, True)
+                if isinstance(out, torch.Tensor):
+                    self._by_output[out.data_ptr()] = e
+            return out
+
+        return kernel
+
+    def _wait_kernel(self, op):
+        def kernel(t):
+            out = _below(op, (t,), {})
+            if self._clock is not None and isinstance(t, torch.Tensor) and not _is_fake([t]):
+                e = self._by_output.pop(t.data_ptr(), None)
+                if e is not None:
+                    e["wait"] = self._stamp()
+            return out
+
+        return kernel
+
+    def _install(self) -> None:
+        lib = torch.library.Library("c10d", "IMPL")
+        for name, (kind, size_arg) in _C10D.items():
+            packet = getattr(torch.ops.c10d, name, None)
+            if packet is not None:  # the set of c10d ops differs between torch releases
+                lib.impl(name, self._c10d_kernel(packet.default, kind, size_arg), "BackendSelect")
+        flib = torch.library.Library("_c10d_functional", "IMPL")
+        for name, (kind, gathers) in _FUNCOL.items():
+            packet = getattr(torch.ops._c10d_functional, name, None)
+            if packet is not None:
+                flib.impl(name, self._funcol_kernel(packet.default, kind, gathers), "BackendSelect")
+        flib.impl("wait_tensor", self._wait_kernel(torch.ops._c10d_functional.wait_tensor.default), "BackendSelect")
+        self._libs = [lib, flib]  # kept alive: a Library deregisters its kernels when collected
+
+
+def resolve(entries: list[dict], ms, t0) -> list[dict]:
+    """Entries with their stamps as ms from the step's start (`ms(a, b)`: the clock's conversion)."""
+    out = []
+    for e in entries:
+        r = {k: v for k, v in e.items() if k not in ("issue", "wait")}
+        r["issue_ms"] = None if e["issue"] is None else round(ms(t0, e["issue"]), 4)
+        r["wait_ms"] = None if e["wait"] is None else round(ms(t0, e["wait"]), 4)
+        out.append(r)
+    return out
+
+
+def totals(entries: list[dict]) -> dict:
+    """Count and bytes per kind: what a real rank and a simulated rank of the same run must agree on."""
+    out: dict[str, dict] = {}
+    for e in entries:
+        t = out.setdefault(e["kind"], {"count": 0, "bytes": 0})
+        t["count"] += 1
+        t["bytes"] += e["bytes"]
+    return out
+
+
+class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every compute op the calling thread runs in a stretch of code (aten op, input shapes and dtypes),
+    collectives aside: what a simulated rank and a real rank of the same run must both compute (--dump-ops;
+    tests/test_simulate.py). On CPU that is the whole step: the backward runs in the caller's thread. Other
+    threads are left out: gloo's workers run a collective's internals there, interleaved at random."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[list] = []
+        self._thread = threading.get_ident()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        if (threading.get_ident() == self._thread and not name.startswith(("c10d::", "_c10d_functional::"))
+                and not CommLedger.get().inside()):
+            shapes = [[list(t.shape), str(t.dtype)[6:]] for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                      if isinstance(t, torch.Tensor)]
+            self.ops.append([name, shapes])
+        return func(*args, **(kwargs or {}))

@@ -1,0 +1,302 @@
+"""Analysis of one configuration: the step's parts at each W, speedups, comm priced by flux_cp.predict, verdicts.
+
+Communication: every collective of the run (its comm.ledger, else the one predict.approximate_ledger derives
+from the shapes) priced with a link profile chosen by device (GPU runs: --link; CPU runs: --cpu-link, a
+gloo profile measured by scripts/measure_links.py, or not priced at all) and placed on the step's
+timeline. A simulated rank (fake collectives) measured compute only: its projected step is the
+prediction. A real multi-rank step contains its communication: the predicted exposure is taken out of
+it to name the parts (labelled an estimate).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flux_cp.links import LinkProfile, for_world
+from flux_cp.predict import approximate_ledger, predict, predict_ledger
+
+from .runs import (
+    COMPUTE,
+    OPS,
+    PART_LABEL,
+    Config,
+    ReportError,
+    Run,
+    Skipped,
+    _first_line,
+    discover,
+    group,
+    isolated_rows,
+    match_isolated,
+)
+
+KV_KINDS = ("all_to_all", "send", "recv", "all_gather", "reduce_scatter")  # + FSDP's gathers: weights, below
+
+
+def comm_prediction(run: Run, W: int, link: LinkProfile | None) -> dict:
+    """The run's collectives priced with link and placed on its timeline (predict.py)."""
+    d, step = run.d, run.metric("step_ms")
+    if link is None:
+        return {"source": "not priced (CPU run, no --cpu-link profile)", "link": None, "predicted_ms": step,
+                "lower_ms": step, "upper_ms": step, "priced_ms": 0.0, "exposed_ms": 0.0, "kv_ms": 0.0,
+                "grad_ms": 0.0, "exposed_ms_by_kind": {}, "priced_ms_by_kind": {}, "bytes_by_kind": {}}
+    ledger = (d.get("comm") or {}).get("ledger")
+    if ledger:
+        p, src = predict_ledger(ledger, link, step_ms=step), "ledger"
+        nbytes = {}
+        for c in ledger[len(ledger) // 2]["collectives"]:
+            nbytes[c["kind"]] = nbytes.get(c["kind"], 0) + c["bytes"]
+    else:
+        tl, colls = approximate_ledger(d, W, step_ms=step)
+        p, src = predict(tl, colls, link), "byte counts"
+        nbytes = {}
+        for c in colls:
+            nbytes[c.kind] = nbytes.get(c.kind, 0) + c.bytes
+    fsdp = (d.get("weights") or d["config"]["run"].get("weights")) == "fsdp"
+    kv_kinds = [k for k in KV_KINDS if not (fsdp and k in ("all_gather", "reduce_scatter"))]
+    kv = sum(v for k, v in p.exposed_ms_by_kind.items() if k in kv_kinds)
+    return {"source": f"{src} priced with {link.name}" + ("" if link.measured else " (profile from sources)"),
+            "link": link.name, "predicted_ms": p.predicted_ms, "lower_ms": p.lower_ms, "upper_ms": p.upper_ms,
+            "priced_ms": p.comm_ms, "exposed_ms": p.exposed_ms, "kv_ms": kv, "grad_ms": p.exposed_ms - kv,
+            "exposed_ms_by_kind": p.exposed_ms_by_kind, "priced_ms_by_kind": p.priced_ms_by_kind,
+            "bytes_by_kind": nbytes}
+
+
+def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
+    """Parts of the step (ms) at W, where comm and idle come from, and the raw figures."""
+    d = run.d
+    step = run.metric("step_ms")
+    regions = {op: run.metric(f"{op}_ms") for op in OPS}
+    prof = d.get("profile") or {}
+    bd = prof.get("breakdown_ms") or {}
+    pred = comm_prediction(run, W, link) if W > 1 else comm_prediction(run, 1, None) | {"source": "none at W=1"}
+    notes = [f"metric {m}: all NaN (not reported)" for m in d.get("nan_metrics", [])]
+    # A profile that found no comm kernels at W > 1 did not classify them: the prediction stands in.
+    prof_comm = "comm_attention" in bd and "comm_grad" in bd and not run.fake_collectives and W > 1
+    if prof_comm and not float(bd["comm_attention"]) + float(bd["comm_grad"]) > 0:
+        prof_comm = False
+        notes.append("the profile shows no communication kernels: comm predicted")
+    if prof_comm:
+        kv, grad, comm_src = float(bd["comm_attention"]), float(bd["comm_grad"]), "measured (profile)"
+    else:
+        kv, grad, comm_src = pred["kv_ms"], pred["grad_ms"], pred["source"]
+    # Idle from the measured steps' probes first; the profiled steps are extra steps, slowed on the host
+    # by the profiler, so their idle fraction is the fallback.
+    if isinstance(d.get("idle"), dict) and d["idle"].get("device_idle_frac") is not None:
+        idle, idle_src = float(d["idle"]["device_idle_frac"]) * step, d["idle"].get("source", "events")
+    elif prof.get("idle_frac") is not None:
+        idle, idle_src = float(prof["idle_frac"]) * step, "profile"
+    else:
+        idle, idle_src = None, "not measured"
+    # A real multi-rank step contains its exposed comm (K/V inside the SDPA regions, gradient sync outside
+    # the op regions); a simulated rank's has none, and the prediction adds it on top.
+    inside = not run.fake_collectives
+    parts = {op: regions[op] or 0.0 for op in OPS}
+    if inside:  # the K/V exchange split over fwd and bwd as the SDPA regions are
+        fb = (regions["sdpa_fwd"] or 0.0) + (regions["sdpa_bwd"] or 0.0)
+        share = (regions["sdpa_fwd"] or 0.0) / fb if fb else 0.5
+        parts["sdpa_fwd"] = max(0.0, parts["sdpa_fwd"] - kv * share)
+        parts["sdpa_bwd"] = max(0.0, parts["sdpa_bwd"] - kv * (1 - share))
+    rest = step - sum(r or 0.0 for r in regions.values()) - (grad if inside else 0.0) - (idle or 0.0)
+    if rest < 0:
+        notes.append(f"parts exceed the step by {-rest:.3g} ms (idle inside op regions, or comm overestimated)")
+    parts["other"] = max(0.0, rest)
+    parts |= {"comm_kv": kv, "comm_grad": grad, "idle": idle or 0.0}
+    total = sum(parts.values())
+    step_m = d["metrics"]["step_ms"]
+    spread, spread_kind = run.spread("step_ms")
+    return {
+        "run": run.name, "path": str(run.path), "W": W, "world_size": d["world_size"], "simulated": run.simulated,
+        "collectives": "fake" if run.fake_collectives else "real", "cp": d["cp"], "weights": d.get("weights", "ddp"),
+        "device": d["env"]["device"], "timer": run.timer, "step_ms": step, "host_ms": run.metric("host_ms"),
+        "step_spread_ms": spread, "step_spread_kind": spread_kind,
+        # the loop's period on the host (data loading and hooks between steps included): what a user's wall
+        # clock sees; older summaries lack it
+        "loop_ms": run.metric("loop_ms"),
+        "projected_step_ms": pred["predicted_ms"] if run.fake_collectives else step,
+        "prediction": pred,
+        "step_rank_spread_ms": step_m.get("rank_max_median", step) - step_m.get("rank_min_median", step),
+        "regions_ms": regions, "call_ms": {op: run.metric(f"{op}_call_ms") for op in OPS},
+        "profile_call_ms": prof.get("ops_call_ms"),
+        "parts_ms": parts, "shares": {k: v / total if total else None for k, v in parts.items()},
+        "comm_source": comm_src, "idle_ms": idle, "idle_source": idle_src,
+        "idle_frac": None if idle is None or not step else idle / step,
+        "compile_s": (d.get("compile") or {}).get("compile_s"), "notes": notes,
+    }
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def noise(base: dict, a: dict) -> dict:
+    """Is the step difference between the baseline and this row larger than the steps' own spread?"""
+    spreads = [x["step_spread_ms"] for x in (base, a) if x["step_spread_ms"] is not None]
+    spread = max(spreads) if spreads else None
+    diff = abs(base["step_ms"] - a["projected_step_ms"])
+    return {"spread_ms": spread, "kind": a["step_spread_kind"], "diff_ms": diff,
+            "noisy": spread is not None and spread > diff}
+
+
+def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:
+    """Fill every row's analysis: parts, speedups vs the baseline, prediction, Amdahl, verdict."""
+    for row in config.rows:
+        row.a = analyse_row(row.run, row.W, for_world(link if row.run.on_gpu else cpu_link, row.W))
+        row.a["isolated_call_ms"] = match_isolated(iso, config.key, row.W, config.strategy)
+    base = config.baseline.a if config.baseline else None
+    for row in config.rows:
+        a = row.a
+        if base is None:
+            a["verdict"] = _verdict(a, None)
+            continue
+        p = a["prediction"]
+        a["speedup"] = {"step": _ratio(base["step_ms"], a["step_ms"]),
+                        "projected_step": _ratio(base["step_ms"], a["projected_step_ms"]),
+                        # the prediction's bounds: nothing overlapped .. everything overlapped
+                        "bounds": [_ratio(base["step_ms"], p["upper_ms"]), _ratio(base["step_ms"], p["lower_ms"])],
+                        # a simulated loop lacks the communication the projected step adds: no loop speedup
+                        "loop": None if a["simulated"] else _ratio(base["loop_ms"], a["loop_ms"])}
+        a["noise"] = noise(base, a)
+        a["speedup_instep"] = {op: _ratio(base["regions_ms"][op], a["regions_ms"][op]) for op in OPS}
+        a["speedup_isolated"] = {op: _ratio(base["isolated_call_ms"].get(op), a["isolated_call_ms"].get(op))
+                                 for op in OPS}
+        a["speedup_parts"] = {p: _ratio(base["parts_ms"][p], a["parts_ms"][p]) for p in COMPUTE}
+        # Amdahl: the W=1 compute parts, each divided by its own measured speedup (= the part at W).
+        compute_w = sum(base["parts_ms"][p] / s for p in COMPUTE if (s := a["speedup_parts"][p]))
+        compute_w += sum(a["parts_ms"][p] for p in COMPUTE if not a["speedup_parts"][p])  # zero at W=1
+        measured = a["projected_step_ms"]
+        resid = measured - compute_w
+        comm = a["parts_ms"]["comm_kv"] + a["parts_ms"]["comm_grad"]
+        named = {"comm": comm, "host": a["parts_ms"]["idle"], "sync": max(0.0, resid - comm - a["parts_ms"]["idle"])}
+        # What the isolated microbenchmarks predict: ops at their isolated speedup, the rest ideal (1/W).
+        iso_pred = None
+        if all(a["speedup_isolated"][op] for op in OPS):
+            iso_pred = (sum(base["parts_ms"][op] / a["speedup_isolated"][op] for op in OPS)
+                        + base["parts_ms"]["other"] / row.W + comm)
+        a["amdahl"] = {
+            "compute_ms": compute_w,
+            "predicted_speedup": _ratio(base["step_ms"], compute_w),
+            "measured_speedup": _ratio(base["step_ms"], measured),
+            "residual_ms": resid,
+            "residual": named,
+            "residual_named": max(named, key=named.get) if resid > 0 and max(named.values()) > 0 else None,
+            "isolated_predicted_speedup": _ratio(base["step_ms"], iso_pred),
+            "ideal_speedup": row.W,
+        }
+        a["verdict"] = _verdict(a, base)
+
+
+def _verdict(a: dict, base: dict | None) -> str:
+    """Plain-language reading of one row, computed from its numbers; never stronger than its noise allows."""
+    W, out = a["W"], []
+    if base is None:
+        out.append(f"W={W}: step {a['step_ms']:.3g} ms; no W=1 baseline, so no speedup")
+    elif W == 1 and a is base:
+        top = max(COMPUTE, key=lambda p: a["parts_ms"][p])
+        out.append(f"baseline: {PART_LABEL[top]} is the largest part ({a['shares'][top]:.0%} of the step)")
+    elif W == 1:  # the strategy at world size 1: its overhead over plain attention
+        out.append(f"W=1 under cp {a['cp']}: step {1 / a['speedup']['step']:.2f}x the baseline's (CP overhead)")
+    else:
+        s, n = a["speedup"]["projected_step"], a["noise"]
+        eff = s / W
+        ideal_ms = base["step_ms"] / W
+        if n["noisy"]:
+            kind = (f"not conclusive: noisy (step spread {n['spread_ms']:.3g} ms {n['kind']} > the "
+                    f"{n['diff_ms']:.3g} ms difference)")
+        elif eff > 1.1:  # superlinear only when the gap to the ideal step is larger than the spread
+            beyond = ideal_ms - a["projected_step_ms"]
+            kind = ("superlinear (check caches, host effects)" if n["spread_ms"] is None or beyond > n["spread_ms"]
+                    else "ideal within noise")
+        else:
+            kind = "scales well" if eff >= 0.8 else "scales partly" if eff >= 0.5 else "does not pay"
+        sim = ""
+        if a["simulated"]:
+            sim = (" (simulated, comm not priced)" if a["prediction"]["link"] is None else
+                   f" (simulated, comm predicted with {a['prediction']['link']})")
+        lo, hi = a["speedup"]["bounds"]
+        bounds = f", bounds {lo:.2f}-{hi:.2f}x" if a["simulated"] and lo and hi and hi > lo else ""
+        out.append(f"W={W}{sim}: {s:.2f}x step speedup ({eff:.0%} of ideal{bounds}; {a['timer']} steps): {kind}")
+        sdpa = None
+        if None not in (base["regions_ms"]["sdpa_fwd"], base["regions_ms"]["sdpa_bwd"], a["regions_ms"]["sdpa_fwd"],
+                        a["regions_ms"]["sdpa_bwd"]):
+            sdpa = _ratio(base["regions_ms"]["sdpa_fwd"] + base["regions_ms"]["sdpa_bwd"],
+                          a["regions_ms"]["sdpa_fwd"] + a["regions_ms"]["sdpa_bwd"])
+        other = a["speedup_parts"]["other"]
+        if sdpa is not None and other and other > sdpa * 1.2 and s > 1.1 and not n["noisy"]:
+            out.append(f"the gain comes from the non-attention compute (other compute {other:.2f}x, "
+                       f"{base['shares']['other']:.0%} of the W=1 step) more than from attention ({sdpa:.2f}x)")
+        iso = a["amdahl"]["isolated_predicted_speedup"]
+        if iso is not None:
+            out.append(f"isolated op speedups with the rest ideal predict {iso:.2f}x")
+    if a["idle_frac"] is not None and a["idle_frac"] >= 0.2:
+        out.append(f"host bound at W={W}: device idle {a['idle_frac']:.0%} of the step")
+    if a["loop_ms"] and a["loop_ms"] > 1.1 * a["step_ms"]:
+        out.append(f"the loop is slower than the step: {a['loop_ms']:.3g} ms per iteration for a "
+                   f"{a['step_ms']:.3g} ms step (host time between steps: data loading, hooks)")
+    comm = a["parts_ms"]["comm_kv"] + a["parts_ms"]["comm_grad"]
+    total = sum(a["parts_ms"].values())
+    if W > 1 and total and comm / total >= 0.1:
+        est = "" if a["comm_source"].startswith("measured") else " (predicted)"
+        out.append(f"exposed communication {comm / total:.0%} of the step{est}: K/V exchange "
+                   f"{a['parts_ms']['comm_kv']:.3g} ms, gradient sync {a['parts_ms']['comm_grad']:.3g} ms")
+    if a["idle_frac"] is None and W > 1 and a["timer"] == "CUDA events":
+        out.append("device idle not recorded: host-bound time is counted as other compute")
+    return "; ".join(out)
+
+
+# ---------------------------------------------------------------- the report object
+
+
+@dataclass
+class Report:
+    root: Path
+    link: LinkProfile | dict  # GPU runs' profile (or one per group size: {W: profile})
+    cpu_link: LinkProfile | dict | None  # CPU runs' (measured gloo) profile(s), or None: CPU comm not priced
+    configs: list[Config]
+    runs: list[Run]
+    skipped: list[Skipped]
+    iso: list[dict]
+    reconcile: dict | None = None  # reconcile.reconcile()'s section
+
+    def to_dict(self) -> dict:
+        return {
+            "root": str(self.root), "link": _link_dict(self.link), "cpu_link": _link_dict(self.cpu_link),
+            "configurations": [{"id": c.id, "title": c.title, "key": c.key, "strategy": c.strategy, "notes": c.notes,
+                                "rows": [{"baseline": r.baseline, **r.a} for r in c.rows]} for c in self.configs],
+            "reconcile": self.reconcile,
+            "isolated": self.iso,
+            "skipped": [{"path": str(s.path), "status": s.status, "reason": s.reason} for s in self.skipped],
+        }
+
+
+def _link_dict(link):
+    if isinstance(link, dict):
+        return {str(w): p.to_dict() for w, p in link.items()}
+    return link and link.to_dict()
+
+
+def build(root: Path, link=None, cpu_link=None,
+          user: str = "torch(allgather)") -> Report:
+    """Discover, group, analyse; then the reconciliation section for the user's strategy."""
+    from flux_cp import links
+
+    from .reconcile import reconcile
+
+    root = Path(root)
+    if not root.is_dir():
+        raise ReportError(f"RUNS_DIR {root}: not a directory (give the folder holding the runs' summary.json)")
+    link = link or links.load("h200-nvlink4")
+    runs, skipped = discover(root)
+    if not runs and not skipped:
+        raise ReportError(f"RUNS_DIR {root}: no summary.json found (run scripts/train_bench.py --output {root}/<name>)")
+    iso = isolated_rows(runs)
+    configs = []
+    for c in group(runs):
+        try:
+            analyse(c, iso, link, cpu_link)
+            configs.append(c)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:  # odd values: listed, never a crash
+            why = f"could not analyse configuration {c.title} ({type(e).__name__}: {_first_line(e)})"
+            skipped += [Skipped(r.run.path, "skipped", why) for r in c.rows]
+    rep = Report(root, link, cpu_link, configs, runs, skipped, iso)
+    rep.reconcile = reconcile(rep, user)
+    return rep

@@ -1,0 +1,232 @@
+"""Rendering: tables, report.md, report.html (the markdown rendered by markdown-it, figures embedded), strict
+report.json, and the output folder's PNGs (stale ones from an earlier report removed)."""
+
+import base64
+import json
+import math
+import re
+from pathlib import Path
+
+from flux_cp.links import name_of
+
+from .analysis import Report, _ratio
+from .figures import config_figures, reconcile_figure
+from .reconcile import WATERFALL
+from .runs import OPS, PART_LABEL, PARTS, Config
+
+
+def _f(x, nd: int = 3, suffix: str = "") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{nd}g}{suffix}"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def tables(c: Config) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of one configuration."""
+    out = []
+    hdr = ["W", "run", "step ms", "spread ms", "speedup", "loop ms", "loop speedup", "ideal", "Amdahl (compute)",
+           "isolated ops + rest/W", "residual ms", "residual is", "comm source"]
+    rows = []
+    for r in c.rows:
+        a, am = r.a, r.a.get("amdahl", {})
+        res = am.get("residual") or {}
+        named = am.get("residual_named")
+        rows.append([f"{r.W}" + (" (baseline)" if r.baseline else "") + (" sim" if a["simulated"] else ""), a["run"],
+                     _f(a["step_ms"]), f"{_f(a['step_spread_ms'], 2)} {a['step_spread_kind']}",
+                     _f((a.get("speedup") or {}).get("projected_step"), 3, "x")
+                     + (" (noisy)" if (a.get("noise") or {}).get("noisy") else ""),
+                     _f(a["loop_ms"]), _f((a.get("speedup") or {}).get("loop"), 3, "x"), str(r.W),
+                     _f(am.get("predicted_speedup"), 3, "x"), _f(am.get("isolated_predicted_speedup"), 3, "x"),
+                     _f(am.get("residual_ms")),
+                     f"{named} ({', '.join(f'{k} {v:.3g}' for k, v in res.items())} ms)" if named else "-",
+                     a["comm_source"]])
+    out.append(("Step time and speedup vs W=1", hdr, rows))
+    hdr = ["W", *[PART_LABEL[p] for p in PARTS], "idle source"]
+    rows = [[str(r.W), *[f"{_f(r.a['parts_ms'][p])} ({_pct(r.a['shares'][p])})" for p in PARTS],
+             r.a["idle_source"]] for r in c.rows]
+    out.append(("Step breakdown, ms per step (share of the step)", hdr, rows))
+    hdr = ["W", *[f"{op} in-step" for op in OPS], *[f"{op} isolated" for op in OPS], "other compute"]
+    rows = [[str(r.W), *[_f((r.a.get("speedup_instep") or {}).get(op), 3, "x") for op in OPS],
+             *[_f((r.a.get("speedup_isolated") or {}).get(op), 3, "x") for op in OPS],
+             _f((r.a.get("speedup_parts") or {}).get("other"), 3, "x")] for r in c.rows]
+    out.append(("Op speedups vs W=1 (in-step: summed over blocks; isolated: per call, ops runs)", hdr, rows))
+    hdr = ["W", *[f"{op} in-step" for op in OPS], *[f"{op} isolated" for op in OPS]]
+    rows = [[str(r.W), *[_f(r.a["call_ms"][op]) for op in OPS],
+             *[_f(r.a["isolated_call_ms"].get(op)) for op in OPS]] for r in c.rows]
+    if any(r.a["profile_call_ms"] for r in c.rows):  # kernel time inside the regions (--profile)
+        hdr += [f"{op} kernels" for op in OPS]
+        for r, row in zip(c.rows, rows):
+            row += [_f((r.a["profile_call_ms"] or {}).get(op)) for op in OPS]
+    out.append(("Op time per call, ms", hdr, rows))
+    hdr = ["W", "MB by kind (nccl-tests size)", "priced ms by kind", "exposed ms by kind", "priced ms", "exposed ms",
+           "step lower-upper ms", "source"]
+    rows = []
+    for r in c.rows:
+        p = r.a["prediction"]
+        rows.append([str(r.W), ", ".join(f"{k} {_f(v / 1e6)}" for k, v in p["bytes_by_kind"].items()) or "-",
+                     ", ".join(f"{k} {_f(v)}" for k, v in p["priced_ms_by_kind"].items()) or "-",
+                     ", ".join(f"{k} {_f(v)}" for k, v in p["exposed_ms_by_kind"].items()) or "-",
+                     _f(p["priced_ms"]), _f(p["exposed_ms"]), f"{_f(p['lower_ms'])}-{_f(p['upper_ms'])}",
+                     r.a["comm_source"]])
+    out.append(("Communication per step and rank: priced with the link profile, placed on the step (predict.py)",
+                hdr, rows))
+    if c.profiled:  # what scales with W and what does not, by kernel class (--profile runs)
+        bd = {w: r.d["profile"]["breakdown_ms"] for w, r in sorted(c.profiled.items())}
+        base = bd.get(1, {})
+        hdr = ["W", "run", *[f"{k} ms (x W=1)" for k in KERNEL_CLASSES]]
+        rows = [[str(w), c.profiled[w].name, *[f"{_f(b.get(k))} ({_f(_ratio(b.get(k), base.get(k)), 3)})"
+                                               for k in KERNEL_CLASSES]] for w, b in bd.items()]
+        out.append(("Kernel time per step by class, profiler (ratio to W=1; 1/W is perfect scaling)", hdr, rows))
+    return out
+
+
+KERNEL_CLASSES = ("attention", "gemm", "other", "optimizer", "busy")
+
+
+
+def _md_table(hdr, rows) -> str:
+    esc = [[str(x).replace("|", "\\|") for x in row] for row in [hdr, *rows]]
+    lines = ["| " + " | ".join(esc[0]) + " |", "|" + "---|" * len(hdr)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in esc[1:]])
+
+
+def _skipped_rows(report: Report) -> list[list[str]]:
+    return [[s.status, str(s.path.relative_to(report.root)), s.reason] for s in report.skipped]
+
+
+def _intro(report: Report) -> list[str]:
+    n_train = sum(r.d["mode"] == "train" for r in report.runs)
+    timers = sorted({r.timer for r in report.runs if r.d["mode"] == "train"})
+    cpu = (f"CPU runs: {name_of(report.cpu_link)}" if report.cpu_link else
+           "CPU runs: communication not priced (no --cpu-link profile; scripts/measure_links.py measures one)")
+    return [
+        f"Runs under `{report.root}`: {n_train} train, {len(report.runs) - n_train} ops, "
+        f"{len(report.skipped)} skipped or partial. Step times: {', '.join(timers) or '-'} "
+        "(CUDA events on GPU, `time.perf_counter` on CPU).",
+        f"Link profiles: GPU runs {name_of(report.link)}; {cpu}. Each collective is priced as latency + bus bytes / "
+        "bus bandwidth (nccl-tests' busbw convention) and placed on the step by `flux_cp/predict.py`: blocking ones "
+        "add their time, asynchronous ones only what outlasts the compute before their consumer.",
+        "Parts: op regions are timed inside the step (summed over blocks); the K/V exchange runs inside the SDPA "
+        "region and is taken out of it; other compute = step - op regions - gradient sync - idle. Amdahl (compute) = "
+        "W=1 compute parts each divided by its measured speedup; the residual is named comm, host or sync. A "
+        "comparison whose step spread (IQR, else min-max) exceeds the difference it reports is 'not conclusive: "
+        "noisy'.",
+    ]
+
+
+def reconcile_md(rec: dict | None, figs: list[Path]) -> list[str]:
+    out = ["## Reconciling the 1.66x", ""]
+    if rec is None:
+        return out + ["No configuration with a W=1 baseline and a W > 1 run: nothing to reconcile.", ""]
+    out += [f"*{rec['note']}*", ""] if rec["note"] else []
+    out += [" ".join(rec["answer"]), ""]
+    out += [f"![{p.stem}]({p.name})" for p in figs] + [""]
+    hdr = ["W", "predicted speedup", "bounds (none .. all overlapped)", "predicted ms", "basis", "measured",
+           "error", *WATERFALL, "isolated op speedups"]
+    rows = []
+    for r in rec["rows"]:
+        lo, hi = r["bounds"]
+        meas = f"{r['measured_speedup']:.2f}x ({r['measured_run']})" if "measured_speedup" in r else "-"
+        err = f"{r['error_pct']:+.1f}%" if "error_pct" in r else "-"
+        iso = ", ".join(f"{k} {v:.2f}x" for k, v in r["isolated"].items() if v) or "no ops runs"
+        rows.append([str(r["W"]), f"{r['predicted_speedup']:.2f}x" + (" (noisy)" if r["noisy"] else ""),
+                     f"{lo:.2f}-{hi:.2f}x" if lo else "-", _f(r["predicted_ms"]), r["basis"], meas, err,
+                     *[f"{r['waterfall_ms'][k]:+.3g}" for k in WATERFALL], iso])
+    out += [f"W=1 step: {rec['baseline_ms']:.4g} ms ({rec['baseline_run']}); waterfall columns in ms sum to the "
+            "predicted step.", "", _md_table(hdr, rows), ""]
+    if rec["alternatives"]:
+        hdr = ["W", "strategy", "compile", "speedup vs the same W=1 step", "bounds", "basis", "run"]
+        rows = [[str(a["W"]), a["strategy"], a["compile"], f"{a['speedup']:.2f}x",
+                 f"{a['bounds'][0]:.2f}-{a['bounds'][1]:.2f}x" if a["bounds"] else "-", a["basis"], a["run"]]
+                for a in rec["alternatives"]]
+        out += ["### The configurations the tool offers, predicted the same way", "", _md_table(hdr, rows), ""]
+    return out
+
+
+def render_md(report: Report, figs: dict[str, list[Path]]) -> str:
+    out = ["# flux-cp report", "", *[p + "\n" for p in _intro(report)]]
+    out += reconcile_md(report.reconcile, figs.get("reconcile", []))
+    if not report.configs:
+        out.append("No complete train runs: nothing to reconcile.\n")
+    for c in report.configs:
+        out += [f"## {c.id}: {c.title}", ""]
+        out += [f"- {n}" for n in c.notes] + ([""] if c.notes else [])
+        out += ["**Verdict**", ""] + [f"- {r.a['verdict']}" for r in c.rows] + [""]
+        for title, hdr, rows in tables(c):
+            out += [f"### {title}", "", _md_table(hdr, rows), ""]
+        if not any(r.a["isolated_call_ms"] for r in c.rows):
+            out += ["No ops runs for this configuration: isolated op times not measured.", ""]
+        out += [f"![{p.stem}]({p.name})" for p in figs.get(c.id, [])] + [""]
+    if report.iso:
+        keys = ("run", "op", "seq_len", "world", "cp", "method", "sdpa_backend", "device_ms", "host_ms")
+        rows = [[_f(r[k]) if isinstance(r[k], float) else str(r[k]) for k in keys] for r in report.iso]
+        out += ["## Isolated op times (ops runs)", "", _md_table(list(keys), rows), ""]
+    else:
+        out += ["## Isolated op times (ops runs)", "", "No ops runs.", ""]
+    if report.skipped:
+        out += ["## Skipped and partial runs", "", _md_table(["status", "path", "reason"], _skipped_rows(report)), ""]
+    return "\n".join(out)
+
+
+CSS = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}table{border-collapse:collapse;"
+       "font-size:12px;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+       "td:nth-child(2){text-align:left}img{max-width:100%;margin:.5em}code{background:#f4f4f4}")
+
+
+def render_html(md: str, out: Path) -> str:
+    """report.md rendered (markdown-it, tables on), each figure inlined as base64: one self-contained file."""
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark").enable("table").render(md)
+
+    def inline(m):
+        p = out / m.group(1)
+        return f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"' if p.exists() else m.group(0)
+
+    body = re.sub(r'src="([^"/]+\.png)"', inline, body)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>flux-cp report</title><style>{CSS}</style>"
+            f"</head><body>\n{body}</body></html>\n")
+
+
+def strict(x):
+    """NaN and infinities -> None, so that report.json is strict JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict(v) for v in x]
+    return x if isinstance(x, (str, int, bool)) or x is None else str(x)
+
+
+FIGURE = re.compile(r"^(c\d+_(breakdown|speedup|ops)|reconcile)\.png$")  # what this module writes
+
+
+def write(report: Report, out: Path) -> dict:
+    """report.md, report.html, report.json and the PNGs in out (stale PNGs of an earlier report removed)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for p in out.glob("*.png"):
+        if FIGURE.match(p.name):
+            p.unlink()
+    figs = config_figures(report, out)
+    figs["reconcile"] = reconcile_figure(report.reconcile, out)
+    paths = {"md": out / "report.md", "html": out / "report.html", "json": out / "report.json"}
+    md = render_md(report, figs)
+    paths["md"].write_text(md)
+    paths["html"].write_text(render_html(md, out))
+    paths["json"].write_text(json.dumps(strict(report.to_dict()), indent=1, allow_nan=False))
+    paths["png"] = [p for ps in figs.values() for p in ps]
+    return paths
+
+
+def verdict_lines(report: Report) -> list[str]:
+    """What the CLI prints: the reconciliation's answer and every row's verdict."""
+    out = [f"reconcile: {s}" for s in (report.reconcile or {}).get("answer", [])]
+    for c in report.configs:
+        out += [f"{c.id} {c.strategy}: {r.a['verdict']}" for r in c.rows]
+    return out

@@ -1,0 +1,70 @@
+"""The report mirrored to wandb: a `report` run in the runs' group, and a wandb Report when online."""
+
+import os
+import statistics
+from pathlib import Path
+
+from flux_cp.links import name_of
+
+from .analysis import Report
+from .render import _intro, _skipped_rows, tables
+from .runs import OPS
+
+
+def wandb_group(report: Report) -> str:
+    groups = [r.d.get("group", "adhoc") for r in report.runs]
+    return statistics.mode(groups) if groups else "adhoc"
+
+
+def log_wandb(report: Report, paths: dict, out: Path, mode: str) -> Path | None:
+    """A `report` run in the runs' group (job_type report): tables and figures. Returns its run dir."""
+    import wandb
+
+    run = wandb.init(project="flux-cp", group=wandb_group(report), job_type="report", name="report",
+                     dir=str(out), mode=mode, config={"link": name_of(report.link), "root": str(report.root)})
+    try:
+        for c in report.configs:
+            for title, hdr, rows in tables(c):
+                slug = title.split(",")[0].split("(")[0].strip().lower().replace(" ", "_").replace("/", "")
+                run.log({f"{c.id}/{slug}": wandb.Table(columns=list(hdr), data=rows)})
+        if report.reconcile:
+            run.summary["reconcile"] = " ".join(report.reconcile["answer"])
+        for p in paths["png"]:
+            run.log({f"figures/{p.stem}": wandb.Image(str(p))})
+        if report.skipped:
+            run.log({"skipped": wandb.Table(columns=["status", "path", "reason"], data=_skipped_rows(report))})
+        run_dir = Path(run.dir).parent if getattr(run, "dir", None) and mode != "disabled" else None
+    finally:
+        run.finish()
+    return run_dir
+
+
+def wandb_report(report: Report, mode: str, run_dir: Path | None) -> str:
+    """A wandb Report (wandb-workspaces) when online; otherwise one line on how to get there."""
+    if mode != "online":
+        where = run_dir or "<out>/wandb/offline-run-*"
+        return (f"wandb offline: sync with `wandb sync {where}` (and the train runs' wandb folders), then rerun "
+                f"with --wandb-mode online --wandb-report to build the wandb Report")
+    try:
+        import wandb_workspaces.reports.v2 as wr
+    except ImportError:
+        return "wandb Report skipped: wandb-workspaces is not installed (pip install wandb-workspaces)"
+    import wandb
+
+    entity = os.environ.get("WANDB_ENTITY") or wandb.Api().default_entity
+    grp = wandb_group(report)
+    runset = wr.Runset(entity=entity, project="flux-cp", name=grp, filters=f"Metric('group') == '{grp}'")
+    rep = wr.Report(entity=entity, project="flux-cp", title=f"flux-cp: {grp}",
+                    description="Does context parallelism pay? Step and op timings vs world size.")
+    rep.blocks = [
+        wr.H1(text=f"flux-cp report: group {grp}"),
+        wr.P(text=" ".join(_intro(report))),
+        *[wr.P(text=f"{c.id} {c.title}: " + " | ".join(r.a["verdict"] for r in c.rows)) for c in report.configs],
+        wr.PanelGrid(runsets=[runset], panels=[
+            wr.LinePlot(x="Step", y=["step_ms"]),
+            wr.LinePlot(x="Step", y=[f"{op}_ms" for op in OPS]),
+            wr.BarPlot(metrics=["step_ms/median"]),
+        ]),
+    ]
+    rep.save()
+    return f"wandb Report: {rep.url}"

@@ -1,0 +1,81 @@
+"""A simulated rank: this process is rank r of a W-rank job whose default process group is torch's fake
+backend. Collectives complete at once and move nothing (receive buffers keep whatever memory they held),
+so every line of the real code runs with a rank's real shapes: the DeviceMesh, the CP strategy (torch's
+ring with its W chunks and merges, Ulysses' layouts, allgather-kv), DDP's reducer, ZeRO, FSDP2 and
+Lightning's own strategy code. The step's compute is rank r's; its communication is what the ledger
+(flux_cp/ledger.py) records, priced afterwards by flux_cp/predict.py. torchtitan's dry runs use the same
+backend (COMM_MODE=fake_backend). Values are not meaningful: summary.json says `"collectives": "fake"`.
+
+    init_fake_world(8, rank=0)                       # before the Trainer
+    Trainer(devices=1, plugins=[SimulatedEnvironment(8, 0)], strategy=DDPStrategy(...))
+"""
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import ClusterEnvironment
+
+
+def init_fake_world(world: int, rank: int = 0) -> None:
+    """Make the default process group a fake one of `world` ranks, this process being `rank`."""
+    # Importing the module registers the "fake" backend (torch 2.11 does not do it by itself) and its store.
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+
+
+def is_fake() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"
+
+
+class SimulatedEnvironment(ClusterEnvironment):
+    """Lightning's view of a simulated rank: a W-rank job of which this process (started by the user, not by
+    Lightning) is global rank r, on local device 0. Lightning then runs its real DDP / ModelParallel strategy
+    code; it finds the process group made already and keeps it."""
+
+    def __init__(self, world: int, rank: int):
+        self._world, self._rank = world, rank
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True  # Lightning must not launch the other W - 1 ranks
+
+    @property
+    def main_address(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def main_port(self) -> int:
+        return 0
+
+    @staticmethod
+    def detect() -> bool:
+        return False
+
+    def world_size(self) -> int:
+        return self._world
+
+    def set_world_size(self, size: int) -> None:
+        pass  # Lightning sets devices x nodes (1): the simulated job's size stays W
+
+    def global_rank(self) -> int:
+        return self._rank
+
+    def set_global_rank(self, rank: int) -> None:
+        pass
+
+    def local_rank(self) -> int:
+        return 0
+
+    def node_rank(self) -> int:
+        return 0
+
+
+def allreduce_hook(group, bucket) -> torch.futures.Future[torch.Tensor]:  # DDP checks this annotation
+    """DDP's gradient all-reduce, as torch's default_hooks.allreduce_hook (average = sum / W, in the bucket),
+    except that the future resolves to the bucket itself: the fake group's futures carry no tensor, which DDP's
+    reducer rejects. Real and simulated ranks both use it, so both run the same code."""
+    group = group if group is not None else dist.group.WORLD
+    buf = bucket.buffer().div_(group.size())
+    return dist.all_reduce(buf, group=group, async_op=True).get_future().then(lambda _: buf)

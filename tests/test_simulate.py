@@ -1,0 +1,103 @@
+"""A simulated rank is the real code: one process as rank 0 of a W-rank job over torch's fake process group
+(flux_cp/simulate.py) computes what rank 0 of a real gloo job of the same config computes, and issues the same
+collectives (flux_cp/ledger.py). Each pair: the real run (Lightning launches W gloo ranks) and the simulated one,
+tiny config, 1 warm-up + 1 measured step, the measured step's compute ops recorded (--dump-ops)."""
+
+import difflib
+import json
+
+import pytest
+
+from flux_cp.results import validate
+
+from .conftest import TINY, bench
+from .wandb_records import run_info
+
+COMMON = ("--config", TINY, "--warmup-steps", 1, "--steps", 1, "--dump-ops", "true")
+PAIRS = {  # name: (W, the run's settings)
+    "agkv-ddp-splitcond": (2, ("--cp", "allgather-kv", "--split-conditioning", "true")),
+    "ulysses-zero": (2, ("--cp", "ulysses", "--weights", "zero")),
+    "agkv-fsdp": (2, ("--cp", "allgather-kv", "--weights", "fsdp")),
+    "dp2xcp2-ulysses-ddp": (4, ("--cp", "ulysses", "--cp-degree", 2)),
+}
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    out = {}
+    for name, (w, args) in PAIRS.items():
+        root = tmp_path_factory.mktemp(name)
+        wandb = ("--wandb-mode", "offline") if name == "ulysses-zero" else ("--wandb-mode", "disabled")
+        sim = bench(*COMMON, *args, "--simulate-world", w, "--output", root / "sim", *wandb)
+        real = bench(*COMMON, *args, "--devices", w, "--output", root / "real", "--wandb-mode", "disabled")
+        assert sim.returncode == 0, sim.stderr[-3000:]
+        assert real.returncode == 0, real.stderr[-3000:]
+        out[name] = {k: root / k for k in ("sim", "real")}
+    return out
+
+
+def _summary(folder):
+    return json.loads((folder / "summary.json").read_text())
+
+
+def _ops(folder):
+    return [json.dumps(op) for op in json.loads((folder / "ops_rank0.json").read_text())]
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_simulated_rank_computes_what_real_rank_0_computes(pairs, name):
+    """The same aten compute ops, in the same order, with the same shapes and dtypes. The one difference gloo
+    adds: after a reduce-scatter it copies its result into the output (split + copy_, in the caller's thread)."""
+    sim, real = _ops(pairs[name]["sim"]), _ops(pairs[name]["real"])
+    assert len(sim) > 500
+    extra = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, sim, real, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        assert tag == "insert", f"{tag}: simulated {sim[i1:i2][:4]} vs real {real[j1:j2][:4]}"
+        extra += [json.loads(op)[0] for op in real[j1:j2]]
+    assert set(extra) <= {"aten::split.Tensor", "aten::copy_"}, extra
+    scatters = _summary(pairs[name]["real"])["comm"]["per_step"].get("reduce_scatter", {}).get("count", 0)
+    assert extra.count("aten::split.Tensor") <= scatters
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_simulated_ledger_equals_real_rank_0(pairs, name):
+    """Kind, bytes, group size and blocking of every collective of the measured step, in issue order."""
+    sim, real = (_summary(pairs[name][k]) for k in ("sim", "real"))
+
+    def key(d):
+        (step,) = d["comm"]["ledger"]
+        return [(e["kind"], e["bytes"], e["group_size"], e["async"]) for e in step["collectives"]]
+
+    assert key(sim) == key(real) and len(key(sim)) > 0
+    assert sim["comm"]["per_step"] == real["comm"]["per_step"]
+    (step,) = sim["comm"]["ledger"]
+    phases = step["phases"]
+    assert 0 < phases["forward_end_ms"] < phases["backward_end_ms"] < step["step_ms"]
+    assert all(0 <= e["issue_ms"] <= step["step_ms"] for e in step["collectives"])
+
+
+def test_simulated_run_says_so(pairs):
+    """summary.json, its validation and the wandb run: simulated, W and the rank; no losses to compare."""
+    d, real = _summary(pairs["ulysses-zero"]["sim"]), _summary(pairs["ulysses-zero"]["real"])
+    assert validate(d) == [] and validate(real) == []
+    assert (d["collectives"], d["simulate"], d["world_size"]) == ("fake", {"world": 2, "rank": 0}, 2)
+    assert (real["collectives"], real["simulate"]) == ("real", None)
+    assert d["loss"] is None and len(real["loss"]) == 2
+    assert d["run_name"].startswith("train-W2sim-ulysses-zero")
+    assert d["optimizer_params"] == real["optimizer_params"] < d["params"]  # rank 0's own ZeRO share
+    (log,) = (pairs["ulysses-zero"]["sim"] / "wandb").glob("offline-run-*/run-*.wandb")
+    cfg = run_info(log)["config"]
+    assert (cfg["collectives"], cfg["simulate"]) == ("fake", {"world": 2, "rank": 0})
+
+
+def test_simulated_rank_r(tmp_path):
+    """--simulate-rank 3 of 4: rank 3's data, its own output and logs (Lightning's broadcasts of Python objects
+    would hand it garbage from the fake group: they return its own objects)."""
+    r = bench("--config", TINY, "--warmup-steps", 1, "--steps", 1, "--cp", "allgather-kv", "--simulate-world", 4,
+              "--simulate-rank", 3, "--output", tmp_path, "--wandb-mode", "disabled")
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = _summary(tmp_path)
+    assert d["simulate"] == {"world": 4, "rank": 3} and d["run_name"].startswith("train-W4simr3-")
+    assert "simulated: rank 3 of a 4-rank job" in r.stderr
