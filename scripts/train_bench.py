@@ -5,8 +5,9 @@
     python scripts/train_bench.py --devices 1 --cp torch --config configs/flux_4608.yaml
     python scripts/train_bench.py --ops-only --seq-lens 4608,100000 --simulate-world 2,4,8 --seed-compat
 
-Writes <output>/summary.json (default output: runs/<run_name>) and, unless --wandb-mode
-disabled, an offline wandb run under <output>/wandb (sync it with `wandb sync`).
+Writes <output>/summary.json (default output: a new runs/<run_name>/<time>; an --output holding a complete run
+needs --overwrite, flux_cp/outputs.py) and, unless --wandb-mode disabled, an offline wandb run under
+<output>/wandb (sync it with `wandb sync`).
 """
 
 import os
