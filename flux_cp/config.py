@@ -368,15 +368,16 @@ def resolve(
     if run.idle_probe_every == 1 or run.idle_probe_every < 0:
         raise ConfigError(f"--idle-probe-every {run.idle_probe_every}: 0 (off) or >= 2")
     w = run.cp_degree
-    where = f"--simulate-world {sim}" if sim and run.cp_degree == ranks else "--cp-degree" if sim else None
+    where = "--simulate-world" if sim and run.cp_degree == ranks else "--cp-degree" if sim else None
+    what = f"--simulate-world {sim}" if where == "--simulate-world" else f"the CP degree {w}"  # the setting to change
     sizes = (("data.image_height * data.image_width", data.image_tokens), ("data.text_tokens", data.text_tokens))
     for name, n in sizes:
         if n % w:
             raise ConfigError(
-                f"{name} = {n} is not divisible by the CP degree {w} (image and text tokens are sharded "
+                f"{name} = {n} is not divisible by {what} (image and text tokens are sharded "
                 f"separately: pick sizes divisible by {w}, or another {where or '--devices / --cp-degree'})"
             )
-    _check_heads(model, run.cp, w, f"the CP degree {w}", f"use a {where or '--cp-degree'}")
+    _check_heads(model, run.cp, w, what, f"use a {where or '--cp-degree'}")
     if run.split_conditioning and (2 * model.hidden) % w + (3 * model.hidden) % w:
         raise ConfigError(
             f"--split-conditioning: the modulation linears' widths (2, 3 and 6 x hidden {model.hidden}) must divide "
