@@ -1,4 +1,5 @@
-# Quick start: `make bench` (set-up + the main job on its default), `make test` (set-up + the CPU tests).
+# Quick start: `make bench` (set-up + the main job on its default), `make test` (set-up + the CPU tests but the
+# slow fault cases; `make test-all`: every CPU test, as CI).
 PY ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
@@ -16,9 +17,12 @@ bench: setup
 	$(BIN)/python scripts/train_bench.py $(ARGS)
 
 test: setup
+	$(BIN)/python -m pytest -q -m "not gpu and not multigpu and not slow"
+
+test-all: setup  # what CI runs: the slow fault cases too
 	$(BIN)/python -m pytest -q
 
 lint: setup
 	$(BIN)/ruff check .
 
-.PHONY: setup bench test lint
+.PHONY: setup bench test test-all lint

@@ -5,6 +5,7 @@ from callbacks.gc_schedule import GcScheduleCallback
 from callbacks.guard import GuardCallback
 from callbacks.loggers import ResilientWandbLogger
 from callbacks.profiler import KernelProfileCallback
+from callbacks.progress import StepProgressBar
 from callbacks.syncs import SyncDebugCallback
 from callbacks.timing import OpTimingCallback
 
@@ -15,5 +16,6 @@ __all__ = [
     "KernelProfileCallback",
     "OpTimingCallback",
     "ResilientWandbLogger",
+    "StepProgressBar",
     "SyncDebugCallback",
 ]

@@ -1,10 +1,11 @@
 """FaultInjectionCallback: a test-only hook that makes one rank fail at one step, through the real
 launcher and process group (tests/test_faults.py). train_bench adds it only when the variable is set:
 
-    FLUX_CP_FAULT="rank=1,step=3,kind=raise"    # raise | hang | oom | sleep (sleep: seconds=S, then go on)
+    FLUX_CP_FAULT="rank=1,step=3,kind=raise"    # raise | hang | oom | kill | sleep (sleep: seconds=S, then go on)
 """
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 from lightning.pytorch import Callback
 
 ENV = "FLUX_CP_FAULT"
-KINDS = ("raise", "hang", "oom", "sleep")
+KINDS = ("raise", "hang", "oom", "kill", "sleep")
 SLEEPING = "fault-sleeping"  # file in the run's output folder, made when kind=sleep starts sleeping
 
 
@@ -47,6 +48,8 @@ class FaultInjectionCallback(Callback):
             raise InjectedFault(f"injected fault on rank {f['rank']} at step {f['step']}")
         if f["kind"] == "oom":  # a real allocation far beyond any memory: the allocator raises
             torch.empty(1 << 50, dtype=torch.uint8, device=pl_module.device)  # 1 PiB
+        if f["kind"] == "kill":  # as the OOM killer would: no exception, no error file, the process just ends
+            os.kill(os.getpid(), signal.SIGKILL)
         if f["kind"] == "sleep":
             (Path(trainer.default_root_dir) / SLEEPING).touch()  # tells the test the rank is in the step now
             time.sleep(f["seconds"])

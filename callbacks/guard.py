@@ -1,6 +1,7 @@
 """GuardCallback: keeps a run's failure bounded and recorded.
 
-- tells the stall watchdog (flux_cp.failures.Watchdog) at every step boundary that steps progress;
+- tells the stall watchdog (flux_cp.failures.Watchdog) at every step boundary that steps progress, and
+  where this rank's heartbeat goes (the run's folder: which rank stalled or died, flux_cp.failures.culprit);
 - turns SIGTERM into a `Terminated` (a KeyboardInterrupt) in the main thread, so that it takes
   Lightning's Ctrl-C path: on_exception (summary.json flushed, `complete: false`), then the other
   ranks are killed. Lightning's own SIGTERM handler is replaced: it broadcasts inside the signal
@@ -9,10 +10,11 @@
 """
 
 import signal
+from pathlib import Path
 
 from lightning.pytorch import Callback
 
-from flux_cp.failures import Terminated, Watchdog
+from flux_cp.failures import HEARTBEAT, Terminated, Watchdog
 
 
 def _raise_terminated(signum, frame):
@@ -21,15 +23,20 @@ def _raise_terminated(signum, frame):
 
 
 class GuardCallback(Callback):
-    def __init__(self, watchdog: Watchdog):
+    def __init__(self, watchdog: Watchdog, out: Path | None = None):
         self.watchdog = watchdog
+        self.out = out
 
     def on_train_start(self, trainer, pl_module):  # after Lightning registered its signal handlers
         signal.signal(signal.SIGTERM, _raise_terminated)
+        if self.out is not None:
+            self.watchdog.heartbeat = Path(self.out) / HEARTBEAT.format(trainer.global_rank)
         self.watchdog.beat()
+        if self.out is not None:  # now, not at the watchdog's next poll: a rank may die within its first steps
+            self.watchdog.write_heartbeat()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.watchdog.beat()
+        self.watchdog.beat(batch_idx)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.watchdog.beat()
+        self.watchdog.beat(batch_idx)

@@ -1,22 +1,33 @@
 """A WandbLogger that cannot cost the run: wandb is an extra, summary.json is the record.
 
-The first wandb error (no API key, no network, a dead wandb service) is reported in one line on
-rank 0; from then on the logger is a no-op and the run goes on.
+wandb's start-up is bounded (`init_timeout`, env WANDB_INIT_TIMEOUT, default 20 s): online with no
+network, the run goes on offline (its wandb run still saved under <output>/wandb, for `wandb sync` later). Any
+other wandb error (no API key, a dead wandb service) is reported in one line on rank 0; from then on the logger
+is a no-op and the run goes on.
 """
+
+import sys
 
 from lightning.fabric.loggers.logger import _DummyExperiment
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only
+
+from flux_cp.outputs import wandb_settings
 
 
 class ResilientWandbLogger(WandbLogger):
     failed: str | None = None
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, settings=wandb_settings(), **kwargs)
+        if self._wandb_init.get("anonymous") is None:  # wandb warns about the setting even when unset
+            self._wandb_init.pop("anonymous", None)
+
     def _fail(self, e: Exception) -> None:
         if self.failed is None:
-            self.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            rank_zero_warn(f"wandb failed, continuing without it (summary.json is complete): {self.failed}")
+            self.failed = _line(e)
+            _say(f"wandb failed, continuing without it (summary.json is complete): {self.failed}")
 
     @property
     @rank_zero_experiment
@@ -26,8 +37,13 @@ class ResilientWandbLogger(WandbLogger):
         try:
             return WandbLogger.experiment.fget(self)
         except Exception as e:  # wandb raises many types (UsageError, CommError, ...): all mean "no wandb"
-            self._fail(e)
-            return _DummyExperiment()
+            if self._offline:
+                self._fail(e)
+                return _DummyExperiment()
+            _say(f"wandb online did not start ({_line(e)}); logging offline instead (`wandb sync` later)")
+        self._offline = True
+        self._wandb_init["mode"] = "offline"
+        return self.experiment
 
     def log_hyperparams(self, params) -> None:
         self._guard(super().log_hyperparams, params)
@@ -49,3 +65,13 @@ class ResilientWandbLogger(WandbLogger):
             fn(*args)
         except Exception as e:
             self._fail(e)
+
+
+@rank_zero_only
+def _say(msg: str) -> None:
+    print(f"train_bench.py: {msg}", file=sys.stderr, flush=True)
+
+
+def _line(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"

@@ -211,9 +211,9 @@ class OpTimingCallback(Callback):
         self._pending.clear()
         self.record_failure(trainer.global_rank, exception)
 
-    def record_failure(self, rank: int, exception: BaseException):
+    def record_failure(self, rank: int, exception: BaseException, at: float | None = None):
         """Any rank: its error (kind, failing shape) next to the steps measured so far, `complete: false`."""
         data = self.summary.header["config"]["data"]
         seq_len = data["image_height"] * data["image_width"] + data["text_tokens"]
         shape = {"seq_len": seq_len, "batch": data["batch_size"], "world": self.summary.header["world_size"]}
-        self.summary.record_error(rank, error_line(exception), error_kind(exception), shape)
+        self.summary.record_error(rank, error_line(exception), error_kind(exception), shape, at)

@@ -7,6 +7,7 @@ Model and data settings are nested (`--model.num_heads 4`); run settings are top
 
 import argparse
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -29,9 +30,11 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    num_heads: int = 24
-    head_dim: int = 128
-    mlp_ratio: float = 4.0
+    """Model dimensions (--model.KEY)"""
+
+    num_heads: int = 24  # attention heads; hidden = num_heads x head_dim
+    head_dim: int = 128  # channels per head (even: RoPE rotates pairs)
+    mlp_ratio: float = 4.0  # MLP width / hidden
     double_blocks: int = 2  # FluxTransformerBlock (two streams); Flux.1 has 19
     single_blocks: int = 4  # FluxSingleTransformerBlock; Flux.1 has 38
     in_channels: int = 64  # packed latent: 16 VAE channels x 2x2 patch
@@ -47,11 +50,13 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    """Synthetic batches (--data.KEY)"""
+
     image_height: int = 64  # image tokens per column (1024 px / 8 VAE / 2 patch)
-    image_width: int = 64
-    text_tokens: int = 512
-    batch_size: int = 1
-    seed: int = 0
+    image_width: int = 64  # image tokens per row
+    text_tokens: int = 512  # T5 tokens (a fixed length)
+    batch_size: int = 1  # samples per CP group (global batch: dp x batch_size)
+    seed: int = 0  # weights' init and batches: the same at every world size and strategy
 
     @property
     def image_tokens(self) -> int:
@@ -69,26 +74,28 @@ class RunConfig:
     cp_degree: int | None = None  # ranks per CP group; default: all of them (pure CP). dp = ranks / cp_degree
     # replicated + all-reduce; the same with AdamW state sharded (ZeRO-1); or FSDP2 sharded, over all dp x cp ranks
     weights: Literal["ddp", "zero", "fsdp"] = "ddp"
-    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
-    cp: CP = "auto"
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu if CUDA is visible
+    cp: CP = "auto"  # CP strategy; auto: none on one rank, torch on GPUs, allgather-kv on CPU
     rotate: Literal["allgather", "alltoall"] = "allgather"  # torch ring: how K/V shards move
-    sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
-    precision: Literal["bf16-true", "32-true", "64-true"] = "bf16-true"
+    sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"  # SDPA kernel (auto: torch's pick)
+    precision: Literal["bf16-true", "32-true", "64-true"] = "bf16-true"  # weights, activations and batches
     steps: int = 20  # measured steps
     warmup_steps: int = 5  # run first, excluded from the statistics (their loss is kept)
-    lr: float = 1e-4
+    lr: float = 1e-4  # AdamW learning rate
     num_workers: int | None = None  # data loader worker processes; default: 4 on GPU, 0 on CPU (steps use every core)
-    output: str | None = None  # default: runs/<run_name>
+    output: str | None = None  # run folder; default: a new runs/<run_name>/<time> (runs/<run_name>/latest points at it)
+    overwrite: bool = False  # let --output replace the complete run it holds
     group: str = "adhoc"  # sweep id: one wandb dashboard per group
-    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"  # wandb run in <output>/wandb; online: synced
     timing: bool = True  # op regions (QKV GEMM, SDPA) inside the step
     timing_ab: bool = False  # overhead check: regions on and off in alternate steps (step_untimed_ms)
     idle_probe_every: int = 4  # CUDA: every Nth measured step lets the host run ahead -> device_busy_ms (0: off)
     profile: bool = False  # torch.profiler over profile_steps extra steps after warm-up: traces + kernel breakdown
-    profile_steps: int = 3
+    profile_steps: int = 3  # --profile: steps traced
     compile: bool = False  # torch.compile each block (compilation happens in warm-up, never in step times)
+    # torch.compile's mode (reduce-overhead: CUDA graphs)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
-    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"  # torch.compile's backend
     # blocks: each block on its own (torchtitan's way); model: one graph for the whole forward (and one CUDA graph
     # per pass under reduce-overhead), fewer host launches where the per-rank step is short
     compile_scope: Literal["blocks", "model"] = "blocks"
@@ -136,24 +143,93 @@ class BenchConfig:
         return dataclasses.asdict(self)
 
 
-def _parser():
+# --help groups of the run settings (fields not named here: "Run")
+RUN_GROUPS = {
+    "Parallelism": ("cp", "cp_degree", "weights", "rotate", "sdpa_backend", "split_conditioning", "simulate_world",
+                    "simulate_rank"),
+    "Timing and profiling": ("timing", "timing_ab", "idle_probe_every", "profile", "profile_steps", "sync_debug",
+                             "gc_every"),
+    "Compile": ("compile", "compile_mode", "compile_backend", "compile_scope"),
+    "Op bench (--ops-only)": ("ops_only", "seq_lens", "seed_compat", "graph", "reps"),
+    "Output": ("output", "overwrite", "group", "wandb_mode", "dump_grads", "dump_params", "dump_ops"),
+}
+
+
+@functools.cache
+def field_help(cls) -> dict[str, str]:
+    """Each field's comment in the source (on its line, else the lines just above it): its --help text."""
+    import inspect
+    import io
+    import tokenize
+
+    out, above, line_field = {}, [], {}
+    for tok in tokenize.generate_tokens(io.StringIO(inspect.getsource(cls)).readline):
+        if tok.type == tokenize.COMMENT:
+            text = tok.string.lstrip("#").strip()
+            if tok.start[0] in line_field:
+                out[line_field[tok.start[0]]] = text  # the field's own line
+            else:
+                above.append(text)
+        elif tok.type == tokenize.NAME and tok.start[1] == 4 and tok.start[0] not in line_field:
+            line_field[tok.start[0]] = tok.string
+            if above:
+                out.setdefault(tok.string, " ".join(above))
+            above = []
+    return {f.name: out.get(f.name, "") for f in dataclasses.fields(cls)}
+
+
+@functools.cache  # a sweep parses every run's settings: build the parser once
+def _parser(defaults_from: str | None = None):
     from jsonargparse import ActionConfigFile, ArgumentParser
 
+    desc = "Flux DiT training-step benchmark under context parallelism."
+    if defaults_from:
+        desc += f" Defaults shown are {_rel(defaults_from)}'s ({_why_default(defaults_from)}), then the built-in ones."
     p = ArgumentParser(
         prog="train_bench.py",
-        description="Flux DiT training-step benchmark under context parallelism.",
+        usage="train_bench.py [--config YAML] [options]",
+        description=desc,
         exit_on_error=False,
         default_env=False,
+        print_config="--print-config",
     )
-    p.add_argument("--config", action=ActionConfigFile, help="YAML file (configs/*.yaml)")
-    p.add_class_arguments(ModelConfig, "model")
-    p.add_class_arguments(DataConfig, "data")
-    # Run settings as top-level dashed flags (the results contract), keyed by field name in YAML.
+    p.add_argument("--config", action=ActionConfigFile, help="YAML of settings (configs/*.yaml); flags override it")
+    for key, cls in (("model", ModelConfig), ("data", DataConfig)):
+        p.add_class_arguments(cls, key)
+        p.groups[key].title = f"{cls.__doc__.strip()}"  # not jsonargparse's <class ...> without docstring_parser
+        helps = field_help(cls)
+        for a in p._actions:
+            if a.dest.startswith(f"{key}.") and a.dest[len(key) + 1:] in helps:
+                a.help = helps[a.dest[len(key) + 1:]]
+    # Run settings as top-level dashed flags (the results contract), keyed by field name in YAML, in groups.
+    helps = field_help(RunConfig)
+    group_of = {name: title for title, names in RUN_GROUPS.items() for name in names}
+    groups = {title: p.add_argument_group(title) for title in ("Run", *RUN_GROUPS)}
     for f in dataclasses.fields(RunConfig):
         flag = "--" + f.name.replace("_", "-")
         flag_kw = {"nargs": "?", "const": True} if f.type is bool else {}  # a bare `--graph` means true
-        p.add_argument(flag, dest=f.name, type=f.type, default=f.default, **flag_kw)
+        groups[group_of.get(f.name, "Run")].add_argument(flag, dest=f.name, type=f.type, default=f.default,
+                                                        help=helps[f.name], **flag_kw)
+    if defaults_from:
+        import yaml
+
+        given = yaml.safe_load(Path(defaults_from).read_text()) or {}
+        flat = {f"{k}.{kk}": vv for k, v in given.items() if isinstance(v, dict) for kk, vv in v.items()}
+        p.set_defaults({**{k: v for k, v in given.items() if not isinstance(v, dict)}, **flat})
     return p
+
+
+def _rel(path: str) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(CONFIG_DIR.parent)) if p.is_relative_to(CONFIG_DIR.parent) else path
+
+
+def _why_default(config_file: str) -> str:
+    if Path(config_file).resolve() == CPU_DEFAULT:
+        return f"no GPU on this machine; with one: {GPU_DEFAULT.relative_to(CONFIG_DIR.parent)}"
+    if Path(config_file).resolve() == GPU_DEFAULT:
+        return "a GPU is visible"
+    return "--config"
 
 
 def parse_config(argv: list[str] | None = None, *, cuda_available: bool | None = None) -> BenchConfig:
@@ -163,9 +239,10 @@ def parse_config(argv: list[str] | None = None, *, cuda_available: bool | None =
         import torch
 
         cuda_available = torch.cuda.is_available()
-    if "-h" in argv or "--help" in argv:
-        _parser().parse_args(argv)  # prints help, exits 0
     config_file = _find_config(argv)
+    if "-h" in argv or "--help" in argv:  # prints help with the defaults that apply here, exits 0
+        shown = config_file if config_file and Path(config_file).is_file() else None
+        _parser(shown or str(GPU_DEFAULT if cuda_available else CPU_DEFAULT)).parse_args(["--help"])
     if config_file is None:
         config_file = str(GPU_DEFAULT if cuda_available else CPU_DEFAULT)
         argv = ["--config", config_file, *argv]
@@ -180,6 +257,8 @@ def parse_config(argv: list[str] | None = None, *, cuda_available: bool | None =
     try:
         ns = parser.parse_args(argv)
     except (argparse.ArgumentError, SystemExit) as e:
+        if isinstance(e, SystemExit) and not e.code:  # --print-config printed, as asked
+            raise
         msg = _one_line(str(e))
         if "accept" in msg or "parsing config" in msg:  # the YAML file, not a flag, is at fault
             msg = f"--config {config_file}: {msg}"
@@ -201,6 +280,9 @@ def _find_config(argv: list[str]) -> str | None:
     return None
 
 
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
 def _one_line(msg: str) -> str:
     """jsonargparse errors span lines; keep what names the setting and the problem."""
     lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
@@ -213,6 +295,10 @@ def _one_line(msg: str) -> str:
         lambda m: "--" + (m[1].replace("_", "-") if m[1] in run_keys else m[1]) + ":",
         text,
     )
+    text = re.sub(r"^(--[\w.-]+): Expected a typing\.Literal\[(.*)\]\. Got value: (.*)$",
+                  lambda m: f"{m[1]} {m[3]}: choose one of {m[2].replace(chr(39), '')}", text)
+    text = re.sub(r"^(--[\w.-]+): Expected a <class '(\w+)'>\. Got value: (.*)$",
+                  lambda m: f"{m[1]} {m[3]}: expected {_TYPE_WORDS.get(m[2], m[2])}", text)
     if "does not accept option" in text or "Unrecognized arguments" in text:
         text += " (see --help, or configs/flux_4608.yaml for every key)"
     return text
@@ -232,6 +318,7 @@ def resolve(
     if run.accelerator == "gpu" and run.devices > gpu_count:
         raise ConfigError(f"--devices {run.devices}: only {gpu_count} GPU(s) visible (use --devices <= {gpu_count})")
     check_nodes(run, os.environ if env is None else env)
+    check_dims(model, data)
     if not run.ops_only:
         _check_simulation(run)
     ranks = run.world_size
@@ -261,10 +348,9 @@ def resolve(
         raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
     if run.timeout_s <= 0:
         raise ConfigError(f"--timeout-s {run.timeout_s}: must be > 0 seconds")
-    if sum(model.rope_axes) != model.head_dim or any(a % 2 for a in model.rope_axes):
-        raise ConfigError(
-            f"--model.rope_axes {model.rope_axes}: must be even and sum to head_dim {model.head_dim}"
-        )
+    if run.weights == "fsdp" and run.precision == "64-true":
+        raise ConfigError("--weights fsdp --precision 64-true: Lightning's FSDP2 strategy has no fp64 (use --precision "
+                          "32-true, or --weights ddp or zero)")
     if run.compile and run.warmup_steps < 2:
         raise ConfigError(
             f"--warmup-steps {run.warmup_steps}: --compile compiles (and may recompile) in warm-up; use >= 2"
@@ -282,21 +368,53 @@ def resolve(
     if run.idle_probe_every == 1 or run.idle_probe_every < 0:
         raise ConfigError(f"--idle-probe-every {run.idle_probe_every}: 0 (off) or >= 2")
     w = run.cp_degree
-    where = f"--simulate-world {sim}" if sim and run.cp_degree == ranks else "--cp-degree" if sim else None
+    where = "--simulate-world" if sim and run.cp_degree == ranks else "--cp-degree" if sim else None
+    what = f"--simulate-world {sim}" if where == "--simulate-world" else f"the CP degree {w}"  # the setting to change
     sizes = (("data.image_height * data.image_width", data.image_tokens), ("data.text_tokens", data.text_tokens))
     for name, n in sizes:
         if n % w:
             raise ConfigError(
-                f"{name} = {n} is not divisible by the CP degree {w} (image and text tokens are sharded "
+                f"{name} = {n} is not divisible by {what} (image and text tokens are sharded "
                 f"separately: pick sizes divisible by {w}, or another {where or '--devices / --cp-degree'})"
             )
-    _check_heads(model, run.cp, w, f"the CP degree {w}", f"use a {where or '--cp-degree'}")
+    _check_heads(model, run.cp, w, what, f"use a {where or '--cp-degree'}")
     if run.split_conditioning and (2 * model.hidden) % w + (3 * model.hidden) % w:
         raise ConfigError(
             f"--split-conditioning: the modulation linears' widths (2, 3 and 6 x hidden {model.hidden}) must divide "
             f"by the CP degree {w} (pick a CP degree dividing {2 * model.hidden} and {3 * model.hidden}, or drop it)"
         )
     return cfg
+
+
+def check_dims(model: ModelConfig, data: DataConfig) -> None:
+    """Dimensions the model and the batches can be built with (checked before any process starts)."""
+    positive = {"num_heads": model.num_heads, "in_channels": model.in_channels, "text_dim": model.text_dim,
+                "pooled_dim": model.pooled_dim}
+    for key, v in positive.items():
+        if v < 1:
+            raise ConfigError(f"--model.{key} {v}: must be >= 1")
+    if model.head_dim < 6 or model.head_dim % 2:
+        raise ConfigError(f"--model.head_dim {model.head_dim}: must be even and >= 6 (three RoPE axes rotate pairs "
+                          "of channels)")
+    if model.mlp_ratio <= 0 or int(model.hidden * model.mlp_ratio) < 1:
+        raise ConfigError(f"--model.mlp_ratio {model.mlp_ratio}: must be > 0")
+    if model.double_blocks < 0 or model.single_blocks < 0 or model.double_blocks + model.single_blocks < 1:
+        raise ConfigError(f"--model.double_blocks {model.double_blocks} --model.single_blocks {model.single_blocks}: "
+                          "need >= 0 of each and at least one block")
+    axes = model.rope_axes
+    if len(axes) != 3 or min(axes) < 2 or sum(axes) != model.head_dim or any(a % 2 for a in axes):
+        raise ConfigError(f"--model.rope_axes {axes}: three even sizes (text/index, row, col) summing to head_dim "
+                          f"{model.head_dim}, e.g. {_rope_example(model.head_dim)}")
+    for key in ("image_height", "image_width", "text_tokens", "batch_size"):
+        if getattr(data, key) < 1:
+            raise ConfigError(f"--data.{key} {getattr(data, key)}: must be >= 1")
+
+
+def _rope_example(head_dim: int) -> list[int]:
+    """Flux's split (16, 56, 56 of 128) scaled to head_dim, kept even."""
+    a = max(2, 2 * round(head_dim / 16))
+    b = 2 * ((head_dim - a) // 4)
+    return [head_dim - 2 * b, b, b]
 
 
 def _check_simulation(run: RunConfig) -> None:
@@ -399,7 +517,10 @@ def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
     for w in run.simulate_world or [run.devices]:
         for s in run.seq_lens:
             image, text = split_seq_len(s, data)
-            if image < 1 or image % w or text % w:
+            if image < 1:
+                raise ConfigError(f"--seq-lens {s}: shorter than the text tokens (data.text_tokens {text}) plus one "
+                                  f"image token: use lengths > {text}")
+            if image % w or text % w:
                 raise ConfigError(
                     f"--seq-lens {s}: {image} image + {text} text tokens (data.text_tokens) do not both divide by "
                     f"W = {w} (they are sharded separately: pick a length whose image part divides by {w})"

@@ -4,10 +4,13 @@ A run ends in one of these ways; summary.json records `error_kind`, the launcher
 and the sweep reads both (summary.json first: the launcher may be killed before it can exit cleanly).
 """
 
+import json
 import os
 import signal
+import sys
 import threading
 import time
+from pathlib import Path
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2  # ConfigError: bad input, nothing ran
@@ -45,6 +48,17 @@ def error_line(exc: BaseException) -> str:
     return " ".join(lines)[:500]
 
 
+def out_of_space(exc: BaseException | None) -> bool:
+    """The error, or one it happened while handling, is a full disk, quota or file-size limit."""
+    import errno
+
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 # ---------------------------------------------------------------- processes
 
 
@@ -73,28 +87,104 @@ class Watchdog(threading.Thread):
     The process-group timeout (same `timeout_s`) normally fires first and fails the run through the
     usual exception path; the watchdog is the backstop for what it cannot reach: the hung rank itself,
     or a rank stuck after its error (teardown, a collective in a signal handler).
+
+    With a heartbeat file set (the run's folder, per rank), it also writes there every POLL_S what this
+    rank is doing: the step it is in, since when, and where its main thread is (file:line). When a run
+    stalls or a rank dies, the rank that notices reads them all (`culprit`) to name the rank at fault.
     """
 
     def __init__(self, timeout_s: float, on_fire=None, grace_s: float | None = None):
         super().__init__(daemon=True, name="flux-cp-watchdog")
         self.limit_s = timeout_s + (grace_s if grace_s is not None else max(5.0, 0.1 * timeout_s))
-        self.on_fire = on_fire  # called once before exiting, e.g. to record the timeout in summary.json
+        self.on_fire = on_fire  # on_fire(exc, at) once before exiting, e.g. to record the timeout in summary.json
         self._last = time.monotonic()
-        self._stop = threading.Event()
+        # not `_stop`: threading.Thread._stop() is a method, called on every other thread in a forked child
+        # (DataLoader workers): an Event there is `TypeError: 'Event' object is not callable`
+        self._halt = threading.Event()
+        self.heartbeat: Path | None = None  # set once the rank is known (callbacks/guard.py)
+        self.step, self._since = None, time.time()
 
-    def beat(self) -> None:
-        self._last = time.monotonic()
+    def beat(self, step: int | None = None) -> None:
+        self._last, self._since = time.monotonic(), time.time()
+        self.step = step if step is not None else self.step
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
+        if self.heartbeat is not None:
+            self.heartbeat.unlink(missing_ok=True)
+
+    def write_heartbeat(self) -> None:
+        beat = {"pid": os.getpid(), "step": self.step, "since": self._since, "where": _where(), "time": time.time()}
+        tmp = self.heartbeat.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(beat))
+            os.replace(tmp, self.heartbeat)
+        except OSError:  # the folder is gone or full: the watchdog's own job goes on
+            pass
 
     def run(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._halt.wait(POLL_S):
+            if self.heartbeat is not None:
+                self.write_heartbeat()
             if time.monotonic() - self._last < self.limit_s:
                 continue
             try:
                 if self.on_fire is not None:
-                    self.on_fire(TimeoutError(f"watchdog: no training step progressed within {self.limit_s:.0f} s"))
+                    where = _where()
+                    own = "torch/" not in where  # stuck in its own code, not waiting for other ranks: the culprit
+                    self.on_fire(TimeoutError(f"watchdog: stalled in step {self.step} at {where}: no training step "
+                                              f"progressed within {self.limit_s:.0f} s"), self._since if own else None)
             finally:
                 kill_tree(os.getpid())
                 os._exit(EXIT_TIMEOUT)
+
+
+POLL_S = 0.5
+HEARTBEAT = ".heartbeat-rank{}.json"  # in the run's folder, one per rank while it runs
+
+
+def _where() -> str:
+    """file:line function of the main thread's innermost frame."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno} {frame.f_code.co_name}" if frame else "?"
+
+
+def _short(path: str) -> str:
+    parts = Path(path).parts
+    for anchor in ("site-packages", "flux_cp", "callbacks", "scripts"):
+        if anchor in parts:
+            i = parts.index(anchor)
+            return str(Path(*parts[i + (anchor == "site-packages"):]))
+    return Path(path).name
+
+
+def culprit(out: Path, world_size: int, recorded: set[int]) -> dict | None:
+    """The rank a stalled or broken run waited for, from the ranks' heartbeats: one whose process is gone, else
+    the one in the earliest step that is not waiting inside torch (a collective, backward's gradient sync), as
+    an error entry (culprit's rank, kind, line). None when they do not tell (e.g. every rank waits in torch), or
+    for ranks in `recorded` (they reported their own error)."""
+    import psutil
+
+    beats = {}
+    for r in range(world_size):
+        try:
+            beats[r] = json.loads((Path(out) / HEARTBEAT.format(r)).read_text())
+        except (OSError, ValueError):
+            continue
+    for r, b in sorted(beats.items()):
+        try:
+            gone = psutil.Process(b["pid"]).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            gone = True
+        if gone and r not in recorded:
+            return {"error_rank": r, "error_kind": "failed", "time": b["time"],
+                    "error": f"rank {r} died, last seen in step {b['step']} (its process ended with no error: killed?)"}
+    now = time.time()  # a live rank's heartbeat older than a few polls does not say where it is now
+    stuck = [(b["step"] if b["step"] is not None else -1, r) for r, b in beats.items()
+             if "torch/" not in b["where"] and r not in recorded and now - b["time"] < 4 * POLL_S]
+    if not stuck or len(stuck) == len(beats):  # nobody waits for anybody: no single rank to blame
+        return None
+    _, r = min(stuck)
+    b = beats[r]
+    return {"error_rank": r, "error_kind": "timeout", "time": b["since"],
+            "error": f"rank {r} stalled in step {b['step']} at {b['where']} (the other ranks waited for it)"}

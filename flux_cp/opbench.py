@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from flux_cp.config import BenchConfig, run_name
 from flux_cp.data import DTYPES
+from flux_cp.outputs import wandb_settings
 from flux_cp.parallel import CPStrategy, make_strategy
 from flux_cp.results import env_info, stats, write_json_atomic
 from flux_cp.timing import hold_stream
@@ -429,7 +430,7 @@ def log_wandb(cfg: BenchConfig, d: dict, out: Path) -> None:
 
     run = wandb.init(
         project="flux-cp", name=d["run_name"], group=cfg.run.group, job_type="ops", dir=str(out),
-        mode=cfg.run.wandb_mode, config={**cfg.to_dict(), "env": d["env"]},
+        mode=cfg.run.wandb_mode, config={**cfg.to_dict(), "env": d["env"]}, settings=wandb_settings(),
     )  # fmt: skip
     cols = ["op", "seq_len", "world", "simulated", "method", "graph", "shape", "device_ms", "host_ms", "tflops"]
     data = [[*(r[c] for c in cols[:7]), r["device_ms"]["median"], (r["host_ms"] or {}).get("median"), r["tflops"]]

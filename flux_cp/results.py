@@ -4,6 +4,7 @@ Written atomically (temp file + rename) so that a crash never leaves half a file
 as steps complete, so that a run that fails midway keeps what it measured (`complete: false`).
 """
 
+import contextlib
 import json
 import os
 import platform
@@ -130,9 +131,9 @@ class RunSummary:
             d |= {k: errors[0][k] for k in ("error_kind", "error_rank", "shape")}
         return d
 
-    def record_error(self, rank: int, error: str, kind: str, shape: dict) -> Path:
+    def record_error(self, rank: int, error: str, kind: str, shape: dict, at: float | None = None) -> Path:
         """Rank's own error file (no other rank writes it), then summary.json with every error so far."""
-        entry = {"error_rank": rank, "error": error, "error_kind": kind, "shape": shape, "time": time.time()}
+        entry = {"error_rank": rank, "error": error, "error_kind": kind, "shape": shape, "time": at or time.time()}
         write_json_atomic(self.path.parent / f"{ERROR_FILE_PREFIX}{rank}.json", entry)
         return self.write(complete=False)
 
@@ -158,11 +159,16 @@ def write_json_atomic(path: Path, data: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # disk full, a value JSON cannot hold, Ctrl-C: no temp file left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 

@@ -11,9 +11,10 @@
     exclude: [{devices: 1, cp: ulysses}]   # optional: partial points to leave out
 
 Each run is its own `scripts/train_bench.py` process group (Lightning launches its ranks) writing
-<output>/<run>/summary.json and train_bench.log. sweep.json lists every run: name, point, args,
-status (pending | ok | oom | failed | timeout | skipped), duration_s, output, error, shape.
-A run whose summary.json is complete is `skipped` when the sweep is run again (resume).
+<output>/<run>/summary.json and train_bench.log. sweep.json has the sweep's `status` (running | interrupted |
+complete: every run ok | failed: some runs not) and `counts`, and lists every run: name, point, args, status
+(pending | ok | oom | failed | timeout), finished (when it ended), duration_s, output, error, shape.
+A run whose summary.json is complete stays `ok` when the sweep is run again (resume), and is not run again.
 """
 
 import dataclasses
@@ -211,7 +212,7 @@ def classify(rc: int, summary: dict | None, guard_fired: bool) -> str:
     """ok | oom | failed | timeout, from the run's summary.json first and its exit code second."""
     if guard_fired:
         return "timeout"
-    if rc == 0 and summary and summary.get("complete"):
+    if summary and summary.get("complete"):  # measured whole, whatever ended the process after (e.g. Ctrl-C)
         return "ok"
     kind = (summary or {}).get("error_kind") or KIND_OF_EXIT.get(rc, "failed")
     return kind if kind in ("oom", "timeout") else "failed"  # interrupted: failed, its error line says so
@@ -235,14 +236,25 @@ class Runner:
         self.records = [self._record(r, prior.get(r.name)) for r in sweep.runs]
 
     def _record(self, run: Run, prior: dict | None) -> dict:
-        rec = {"name": run.name, "point": run.point, "args": run.args, "status": "pending", "duration_s": None,
-               "output": str(run.output), "error": None, "shape": run.shape}
+        rec = {"name": run.name, "point": run.point, "args": run.args, "status": "pending", "finished": None,
+               "duration_s": None, "output": str(run.output), "error": None, "shape": run.shape}
         if prior and prior.get("args") == run.args:  # same run as last time: keep what it recorded
-            rec.update({k: prior.get(k) for k in ("status", "duration_s", "error")})
+            rec.update({k: prior.get(k) for k in ("status", "finished", "duration_s", "error")})
         return rec
 
-    def write_index(self) -> None:
+    def status(self, running: bool) -> str:
+        if self.stop_signal is not None:
+            return "interrupted"
+        if running:
+            return "running"
+        return "complete" if all(r["status"] == "ok" for r in self.records) else "failed"
+
+    def write_index(self, running: bool = True) -> None:
+        counts: dict[str, int] = {}
+        for r in self.records:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
         write_json_atomic(self.index_path, {"schema": 1, "sweep": self.sweep.name, "config_file": self.sweep.file,
+                                            "status": self.status(running), "counts": counts,
                                             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": self.records})
 
     def _on_signal(self, signum, frame):
@@ -251,7 +263,7 @@ class Runner:
             _signal_group(self._proc.pid, signal.SIGTERM)  # train_bench flushes its summary.json and exits
 
     def run(self, progress=None) -> int:
-        """Returns the number of runs that did not end ok or skipped (the sweep goes on past them)."""
+        """Returns the number of runs that did not end ok (the sweep goes on past them)."""
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.write_index()
@@ -260,8 +272,10 @@ class Runner:
                 if self.stop_signal is not None:
                     break
                 label = f"{i + 1}/{len(self.sweep.runs)} {run.name}"
-                if is_complete(run.output):
-                    rec["status"] = "skipped"
+                if is_complete(run.output):  # done before (resume): stays ok, with when it ended
+                    rec["status"], rec["error"] = "ok", None
+                    rec["finished"] = rec["finished"] or _when(_mtime(run.output / "summary.json"))
+                    label += " (done before)"
                 else:
                     self._execute(run, rec, progress, label)
                 self.write_index()
@@ -271,8 +285,8 @@ class Runner:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-            self.write_index()
-        return sum(r["status"] not in ("ok", "skipped") for r in self.records)
+            self.write_index(running=False)
+        return sum(r["status"] != "ok" for r in self.records)
 
     def _execute(self, run: Run, rec: dict, progress, label: str) -> None:
         run.output.mkdir(parents=True, exist_ok=True)
@@ -314,11 +328,16 @@ class Runner:
             error = f"interrupted by {signal.Signals(self.stop_signal).name}" + (f": {error}" if error else "")
         if guard_fired:
             error = f"no progress for {self.guard_s:.0f} s: run killed by the sweep"
-        rec.update(status=status, duration_s=round(time.monotonic() - t0, 2), error=error, exit_code=proc.returncode)
+        rec.update(status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2), error=error,
+                   exit_code=proc.returncode)
 
     def _log(self, msg: str) -> None:
         if self.console is not None:
             self.console.print(msg, markup=False, highlight=False, soft_wrap=True)
+
+
+def _when(t: float | None) -> str | None:
+    return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
 def _mtime(path: Path) -> float | None:

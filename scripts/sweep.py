@@ -6,8 +6,8 @@
 
 Every problem in the sweep config is reported at once, before anything runs (exit 2). Runs go one
 by one, each in its own processes; a failed, out-of-memory or hung run is recorded in sweep.json
-and the sweep goes on. Running the same command again skips the runs already complete (resume).
-Exit code: 0 all runs ok or skipped, 1 some did not, 2 bad sweep config, 130 interrupted.
+and the sweep goes on. Running the same command again does not rerun the runs already complete (resume).
+Exit code: 0 all runs ok, 1 some not, 2 bad sweep config, 130 interrupted.
 """
 
 import argparse
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in runner.records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     console.print(f"sweep {sweep.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
-                  + f"   index: {runner.index_path}   report: python scripts/report.py {sweep.output}", highlight=False)
+                  + f"   index: {runner.index_path}", highlight=False, soft_wrap=True)
+    console.print(f"report: python scripts/report.py {sweep.output}", highlight=False, soft_wrap=True)
     if runner.stop_signal is not None:
         return EXIT_INTERRUPTED
     return 1 if bad else 0

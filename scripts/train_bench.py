@@ -5,8 +5,9 @@
     python scripts/train_bench.py --devices 1 --cp torch --config configs/flux_4608.yaml
     python scripts/train_bench.py --ops-only --seq-lens 4608,100000 --simulate-world 2,4,8 --seed-compat
 
-Writes <output>/summary.json (default output: runs/<run_name>) and, unless --wandb-mode
-disabled, an offline wandb run under <output>/wandb (sync it with `wandb sync`).
+Writes <output>/summary.json (default output: a new runs/<run_name>/<time>; an --output holding a complete run
+needs --overwrite, flux_cp/outputs.py) and, unless --wandb-mode disabled, an offline wandb run under
+<output>/wandb (sync it with `wandb sync`).
 """
 
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from flux_cp.config import ConfigError, parse_config, resolve, run_name  # noqa: E402
+from flux_cp.outputs import run_dir  # noqa: E402
 
 
 def is_launcher_process() -> bool:
@@ -24,19 +26,42 @@ def is_launcher_process() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
+def quiet() -> None:
+    """What a run prints is its own: wandb's banner and hints, Lightning's tips and info lines, a deprecation
+    warning from Lightning's pytree helper stay out (WANDB_SILENT=false brings wandb's back)."""
+    os.environ.setdefault("WANDB_SILENT", "true")
+    warnings.filterwarnings("ignore", r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet()
     import torch
 
     try:
         given = sys.argv[1:] if argv is None else argv
         cfg = parse_config(given, cuda_available=torch.cuda.is_available())
         cfg = resolve(cfg, cuda_available=torch.cuda.is_available(), gpu_count=torch.cuda.device_count())
+        # global rank 0's process claims the run folder before any other rank starts (flux_cp/outputs.py)
+        claimer = is_launcher_process() and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+        mode = "ops" if cfg.run.ops_only else "train"
+        cfg.run.output = run_dir(cfg.run.output, run_name(cfg, mode), cfg.run.overwrite, claimer)
     except ConfigError as e:
         print(f"train_bench.py: error: {e}", file=sys.stderr)
         return 2
+    if is_launcher_process() and cfg.run.warmup_steps == 0 and not cfg.run.ops_only:
+        print("train_bench.py: warning: --warmup-steps 0: the first step (allocations, kernel choice, caches; often "
+              "10x a steady one) is measured", file=sys.stderr)
     if is_launcher_process() and not any(a == "--config" or a.startswith("--config=") for a in given):
         where = "a GPU is visible" if cfg.run.accelerator == "gpu" else "no GPU found: a tiny CPU config"
         print(f"train_bench.py: {where}, using {cfg.config_file} (choose with --config)", file=sys.stderr)
+    import logging
+
+    import lightning  # noqa: F401  (it sets its loggers' level on import: lowered after)
+
+    for name in ("lightning.pytorch", "lightning.fabric"):  # "GPU available", tips; warnings stay
+        logging.getLogger(name).setLevel(logging.WARNING)
     if cfg.run.ops_only:
         from flux_cp.opbench import run_ops
 
@@ -46,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(cfg) -> int:
     import lightning as L
-    from lightning.pytorch.callbacks import RichProgressBar
 
     from callbacks import (
         FaultInjectionCallback,
@@ -55,26 +79,31 @@ def train(cfg) -> int:
         KernelProfileCallback,
         OpTimingCallback,
         ResilientWandbLogger,
+        StepProgressBar,
         SyncDebugCallback,
     )
-    from flux_cp.failures import EXIT_CODES, Watchdog, error_kind, error_line, kill_tree
+    from flux_cp.failures import (
+        EXIT_CODES,
+        HEARTBEAT,
+        Watchdog,
+        culprit,
+        error_kind,
+        error_line,
+        kill_tree,
+        out_of_space,
+    )
     from flux_cp.mesh import lightning_precision, lightning_strategy
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
-    from flux_cp.results import ERROR_FILE_PREFIX, env_info, read_errors
+    from flux_cp.results import ERROR_FILE_PREFIX, env_info, read_errors, write_json_atomic
 
     run = cfg.run
     name = run_name(cfg)
-    run.output = run.output or str(Path("runs") / name)
-    out = Path(run.output)
-    if is_launcher_process():  # before the other ranks start: error files of an earlier run in this folder go
-        for f in out.glob(f"{ERROR_FILE_PREFIX}*.json"):
-            f.unlink()
+    out = Path(run.output)  # claimed in main(): fresh, or cleared of an earlier run's record
     # Backstop for a stalled step, in every rank; the process-group timeout below normally fires first.
-    watchdog = Watchdog(run.timeout_s, on_fire=lambda exc: timing.record_failure(trainer.global_rank, exc))
+    # at: when this rank stalled, if it stalled outside torch (the rank the others waited for: its error comes first)
+    watchdog = Watchdog(run.timeout_s, on_fire=lambda exc, at: timing.record_failure(trainer.global_rank, exc, at))
     watchdog.start()
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
 
     module = FluxCPModule(cfg)
     plugins = []
@@ -119,7 +148,8 @@ def train(cfg) -> int:
         idle_probe_every=run.idle_probe_every,
         report_rank=run.simulate_rank if run.simulate_world else 0,
     )
-    callbacks = [timing, RichProgressBar(), GuardCallback(watchdog)]
+    bar = sys.stderr.isatty() and sys.stdout.isatty()  # a live bar in a log file is control codes
+    callbacks = [timing, GuardCallback(watchdog, out)] + ([StepProgressBar(timing.skip, run.steps)] if bar else [])
     if run.sync_debug:  # first: its figures are in the summary the timing callback writes at the end
         callbacks.insert(0, SyncDebugCallback(timing, run.warmup_steps + profile_steps))
     if run.gc_every:
@@ -154,6 +184,7 @@ def train(cfg) -> int:
         default_root_dir=str(out),
         enable_checkpointing=False,
         enable_model_summary=False,
+        enable_progress_bar=bar,
         num_sanity_val_steps=0,
         limit_val_batches=0,
         use_distributed_sampler=False,  # SyntheticFlow splits over dp itself; CP ranks then take their shard
@@ -162,10 +193,22 @@ def train(cfg) -> int:
     try:
         trainer.fit(module)
     except BaseException as e:  # recorded in summary.json by the callbacks; here: the exit code, no orphans
+        # Any rank, before the others go: the rank they waited for (hung, or died without a word) is the run's error,
+        # not the consequent one of the rank that noticed (Lightning's launcher may kill a hung rank 0 meanwhile).
+        recorded = {x["error_rank"] for x in read_errors(out)} | {trainer.global_rank}
+        # (not when interrupted: then Lightning's launcher has already killed the other ranks itself)
+        if run.world_size > 1 and error_kind(e) != "interrupted" and (c := culprit(out, run.world_size, recorded)):
+            c["shape"] = (read_errors(out) or [{}])[0].get("shape")
+            write_json_atomic(out / f"{ERROR_FILE_PREFIX}{c['error_rank']}.json", c)
+            timing.summary.write(complete=False)  # every rank holds the gathered summary
         if is_launcher_process():
             kill_tree(os.getpid())  # the other ranks, if still running (e.g. stuck in a collective)
+            for f in out.glob(HEARTBEAT.format("*")):
+                f.unlink(missing_ok=True)
         errors = read_errors(out)  # the run's first error (maybe another rank's) decides the exit code
         kind, line = (errors[0]["error_kind"], errors[0]["error"]) if errors else (error_kind(e), error_line(e))
+        if out_of_space(e):  # summary.json kept its last good version: it lacks the last steps and the error
+            line += f" (out of disk space, quota or file-size limit: {out / 'summary.json'} is out of date)"
         print(f"train_bench.py: rank {trainer.global_rank}: run failed ({kind}): {line}", file=sys.stderr)
         return EXIT_CODES[kind]
     watchdog.stop()
@@ -225,6 +268,12 @@ def print_summary(d: dict, path: Path) -> None:
     if d["loss"]:
         console.print(f"loss: first {d['loss'][0]:.6f}  last {d['loss'][-1]:.6f}", soft_wrap=True)
     console.print(f"summary: {path}", soft_wrap=True)
+    if d["mode"] == "train" and "step_ms" in d["metrics"]:
+        from flux_cp.verdict import verdict
+
+        roots = [r for r in dict.fromkeys([Path("runs"), path.parent.parent]) if r.is_dir()]
+        for line in verdict(d, path.parent, roots):
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 if __name__ == "__main__":

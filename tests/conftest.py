@@ -26,6 +26,29 @@ def bench(*args, timeout=300, env=None):
     )
 
 
+def train_bench():
+    """scripts/train_bench.py as a module (its main() is the command line's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_bench", SCRIPT)
+    if "train_bench" not in sys.modules:
+        sys.modules["train_bench"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["train_bench"])
+    return sys.modules["train_bench"]
+
+
+def main_in_process(*args) -> tuple[int, list[str]]:
+    """train_bench's main() as the command line runs it: (exit code, stderr lines). For input refused before any
+    rank starts; a real process costs seconds of imports per case on 2 cores."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = train_bench().main(list(map(str, args)))
+    return rc, err.getvalue().strip().splitlines()
+
+
 @pytest.fixture
 def run_bench():
     return bench

@@ -1,18 +1,31 @@
-"""The entry point as a user meets it: summary.json, wandb offline files, bad-input errors."""
+"""The entry point as a user meets it: summary.json, wandb offline files, run folders, bad-input errors, help."""
 
 import json
+import os
+from pathlib import Path
 
+import psutil
 import pytest
 
+from flux_cp.outputs import LOCK, RUN_DIR_ENV, claim
 from flux_cp.results import TRAIN_METRICS, validate
 
-from .conftest import TINY, bench
+from .conftest import TINY, bench, main_in_process, train_bench
 
 
-def test_devices_2_on_cpu_writes_a_valid_summary(tmp_path):
-    r = bench("--devices", 2, "--output", tmp_path, "--wandb-mode", "offline")
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One 2-rank run (no --config: the machine's default) shared by the tests that read it."""
+    out = tmp_path_factory.mktemp("w2")
+    r = bench("--devices", 2, "--output", out, "--wandb-mode", "offline", "--warmup-steps", 0)
     assert r.returncode == 0, r.stderr[-3000:]
+    return out, r
+
+
+def test_devices_2_on_cpu_writes_a_valid_summary(two_ranks):
+    tmp_path, r = two_ranks
     assert "no GPU found: a tiny CPU config" in r.stderr
+    assert "train_bench.py: warning: --warmup-steps 0: the first step" in r.stderr
     d = json.loads((tmp_path / "summary.json").read_text())
     assert validate(d) == []
     assert d["sdpa_backend"] == "auto"
@@ -28,15 +41,63 @@ def test_devices_2_on_cpu_writes_a_valid_summary(tmp_path):
     assert ops < d["metrics"]["step_ms"]["median"]
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
+    assert not (tmp_path / LOCK).exists()  # released at exit
+
+
+def test_a_run_prints_no_noise_and_ends_with_its_answer(two_ranks):
+    """Quiet by default: no wandb banner, Lightning tip, deprecation warning, progress bar in a file, ANSI codes;
+    the end says the step time (no W=1 baseline in this folder) and the next command."""
+    _, r = two_ranks
+    text = r.stdout + r.stderr
+    for noise in ("wandb:", "litlogger", "GPU available", "deprecated", "Epoch", "\x1b[", "Traceback", "TypeError"):
+        assert noise not in text, (noise, text[-3000:])
+    lines = r.stderr.strip().splitlines()
+    assert lines[-2].startswith("W=2: step ") and "no W=1 baseline" in lines[-2], lines[-2:]
+    assert lines[-1].startswith("next: python scripts/train_bench.py --devices 1 --cp none"), lines[-1]
+
+
+def test_a_complete_run_is_never_overwritten(two_ranks):
+    out, _ = two_ranks
+    before = (out / "summary.json").read_text()
+    rc, lines = main_in_process("--devices", 2, "--output", out)
+    assert rc == 2 and lines == [
+        f"train_bench.py: error: --output {out}: holds a complete run (its summary.json); add --overwrite to replace "
+        "it, or leave --output out for a new folder"]
+    assert (out / "summary.json").read_text() == before
+
+
+def test_a_live_run_holds_its_folder(tmp_path):
+    """The lock names a live process (this one): a second run is refused before any rank starts."""
+    me = psutil.Process()
+    (tmp_path / LOCK).write_text(json.dumps({"pid": me.pid, "started": me.create_time(), "since": "now"}))
+    rc, lines = main_in_process("--output", tmp_path)
+    assert rc == 2 and lines[0].startswith(f"train_bench.py: error: --output {tmp_path}: a live run (pid {me.pid}")
+
+
+def test_default_folders_are_new_per_run_and_latest_points_at_the_newest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(RUN_DIR_ENV, "")  # claim() tells the ranks it would start: not this process's later tests
+    a, b = claim(None, "train-W1-none-s144", False), claim(None, "train-W1-none-s144", False)
+    assert a != b and a.parent == b.parent == Path("runs/train-W1-none-s144")
+    assert (a.parent / "latest").resolve() == b.resolve()
+    # a stale lock (its process is gone) is taken over
+    (b / LOCK).write_text(json.dumps({"pid": 2**22 + 1, "started": 0, "since": "then"}))
+    assert claim(str(b), "x", False) == b and json.loads((b / LOCK).read_text())["pid"] == os.getpid()
 
 
 def test_timing_off_keeps_step_metrics_only(tmp_path):
-    r = bench("--config", TINY, "--timing", "false", "--wandb-mode", "disabled", "--output", tmp_path)
+    """Also: a reused folder with --overwrite (its old record goes, wandb runs do not pile up)."""
+    (tmp_path / "summary.json").write_text(json.dumps({"complete": True}))
+    (tmp_path / "error-rank1.json").write_text("{}")
+    (tmp_path / "wandb" / "offline-run-old").mkdir(parents=True)
+    r = bench("--config", TINY, "--timing", "false", "--wandb-mode", "disabled", "--output", tmp_path,
+              "--overwrite")
     assert r.returncode == 0, r.stderr[-3000:]
+    assert not (tmp_path / "error-rank1.json").exists() and not (tmp_path / "wandb").exists()
     d = json.loads((tmp_path / "summary.json").read_text())
     assert set(d["metrics"]) == {"step_ms", "host_ms", "loop_ms", "host_wait_ms", "data_ms", "transfer_ms",
                                  "prologue_ms", "after_ms", "gc_ms"}
-    assert d["metrics"]["data_ms"]["median"] > 0  # the next batch is made between steps (no workers on CPU)
+    assert d["complete"] and d["metrics"]["data_ms"]["median"] > 0  # the next batch comes between steps
     # the loop's period holds the step and the batch made between steps (on CPU ops run in line)
     assert d["metrics"]["loop_ms"]["median"] > d["metrics"]["step_ms"]["median"]
     # the host's period, accounted whole: a step's host_ms + after_ms, then the next's data, transfer, prologue
@@ -49,10 +110,12 @@ def test_timing_off_keeps_step_metrics_only(tmp_path):
 
 
 def test_gc_every_collects_on_schedule_only(tmp_path):
-    """--gc-every 3: no automatic collection in training; one after every 3rd step, in that step's loop period."""
+    """--gc-every 3: no automatic collection in training; one after every 3rd step, in that step's loop period.
+    With a loader worker: forked while the watchdog thread runs (it once shadowed Thread._stop: 'Event' TypeError)."""
     r = bench("--config", TINY, "--gc-every", 3, "--steps", 8, "--warmup-steps", 1, "--wandb-mode", "disabled",
-              "--output", tmp_path)
+              "--output", tmp_path, "--num-workers", 1)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "not callable" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     d = json.loads((tmp_path / "summary.json").read_text())
     gc_ms = d["per_step"]["gc_ms"]  # measured steps 1..7 (batch_idx), the last one has no loop period
     collected = [(i + 1) % 3 == 0 for i in range(1, 1 + len(gc_ms))]
@@ -66,40 +129,71 @@ BAD = [
     (["--cp", "torch"], "--cp torch:"),
     (["--config", "configs/nope.yaml"], "--config configs/nope.yaml: file not found"),
     (["--model.num_hedz", 3], "num_hedz"),
-    (["--cp", "ring"], "--cp:"),
-    (["--steps", "many"], "--steps:"),
+    (["--cp", "ring"], "--cp ring: choose one of auto, torch, allgather-kv, ulysses, none"),
+    (["--precision", "fp8"], "--precision fp8: choose one of bf16-true, 32-true, 64-true"),
+    (["--steps", "many"], "--steps many: expected an integer"),
     (["--simulate-world", 2, "--devices", 2], "--simulate-world 2: this one process is a rank of the simulated job"),
     (["--simulate-world", 1], "--simulate-world 1: a simulated job has W >= 2 ranks"),
     (["--simulate-world", 4, "--simulate-rank", 4], "--simulate-rank 4: ranks of --simulate-world 4 run 0..3"),
     (["--simulate-rank", 1], "--simulate-rank 1: needs --simulate-world W"),
-    (["--simulate-world", 8, "--cp", "ulysses"], "--model.num_heads 4 is not divisible by the CP degree 8"),
-    (["--simulate-world", 5], "not divisible by the CP degree 5"),
+    (["--simulate-world", 8, "--cp", "ulysses"], "--model.num_heads 4 is not divisible by --simulate-world 8"),
+    (["--simulate-world", 3, "--cp", "ulysses"], "(it shards heads: use a --simulate-world dividing 4, or --cp"),
+    (["--simulate-world", 5], "not divisible by --simulate-world 5"),
     (["--compile", "true", "--warmup-steps", 1], "--warmup-steps 1: --compile"),
     (["--profile", "true", "--profile-steps", 0], "--profile-steps 0"),
     (["--sync-debug"], "--sync-debug: torch's sync debug mode watches CUDA calls"),
     (["--devices", 3, "--split-conditioning", "true"], "--split-conditioning: the modulation linears' widths"),
     (["--gc-every", -1], "--gc-every -1: 0 (Python's automatic collection)"),
+    (["--model.num_heads", 0], "--model.num_heads 0: must be >= 1"),
+    (["--model.head_dim", 7], "--model.head_dim 7: must be even"),
+    (["--model.rope_axes", "[4,4,4]"], "--model.rope_axes [4, 4, 4]: three even sizes (text/index, row, col) summing"),
+    (["--model.single_blocks", 0, "--model.double_blocks", 0], "--model.double_blocks 0 --model.single_blocks 0:"),
+    (["--data.text_tokens", 0], "--data.text_tokens 0: must be >= 1"),
+    (["--weights", "fsdp", "--precision", "64-true"], "--weights fsdp --precision 64-true: Lightning's FSDP2"),
+    (["--ops-only", "--seq-lens", 10], "--seq-lens 10: shorter than the text tokens (data.text_tokens 48)"),
 ]
 
 
 @pytest.mark.parametrize(("args", "message"), BAD)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
-    r = bench(*args, "--output", tmp_path)
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], r.stderr
-    assert not (tmp_path / "summary.json").exists()  # nothing ran
+    rc, lines = main_in_process(*args, "--output", tmp_path / "run")
+    assert rc == 2
+    assert len(lines) == 1 and lines[0].startswith("train_bench.py: error: ") and message in lines[0], lines
+    assert not (tmp_path / "run").exists()  # nothing ran, not even the folder
 
 
-def test_unknown_key_in_config_file(tmp_path):
-    cfg = tmp_path / "bad.yaml"
-    cfg.write_text(TINY.read_text() + "stepz: 3\n")
-    r = bench("--config", cfg)
-    assert r.returncode == 2 and "stepz" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+@pytest.mark.parametrize(("output", "message"), [
+    ("file", "a file is in the way"),
+    ("file/run", "cannot create the folder (Not a directory)"),
+    ("/proc/flux-cp-run", "cannot create the folder"),
+])
+def test_an_output_that_cannot_be_written_is_refused_up_front(tmp_path, output, message):
+    (tmp_path / "file").write_text("")
+    out = output if output.startswith("/") else tmp_path / output
+    rc, lines = main_in_process("--output", out)
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith(f"train_bench.py: error: --output {out}: {message}")
 
 
-def test_unreadable_config_file(tmp_path):
-    cfg = tmp_path / "locked.yaml"
-    cfg.write_text("steps: [\n")
-    r = bench("--config", cfg)
-    assert r.returncode == 2 and f"--config {cfg}" in r.stderr
+def test_the_real_command_fails_in_one_line(tmp_path):
+    """The same, as a user's process: --model.num_heads 0 used to end in a wandb ConnectionResetError traceback."""
+    r = bench("--model.num_heads", 0, "--output", tmp_path / "run")
+    assert r.returncode == 2 and r.stderr.splitlines() == ["train_bench.py: error: --model.num_heads 0: must be >= 1"]
+
+
+def test_help_describes_groups_and_where_defaults_come_from(capsys):
+    with pytest.raises(SystemExit) as e:
+        train_bench().main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert "Defaults shown are configs/tiny.yaml's (no GPU on this machine" in " ".join(out.split())
+    for title in ("Model dimensions", "Synthetic batches", "Run:", "Parallelism:", "Timing and profiling:",
+                  "Compile:", "Op bench (--ops-only):", "Output:"):
+        assert title in out, title
+    assert "<class" not in out and "--print-config" in out
+    # every option has its description, and defaults are tiny.yaml's (fp32, 4 steps), not the dataclasses'
+    flat = " ".join(out.split())
+    assert "measured steps (type: int, default: 4)" in flat and "default: 32-true)" in flat
+    from flux_cp.config import _parser
+
+    options = [a for a in _parser()._actions if a.option_strings and a.dest not in ("help", "model", "data")]
+    assert len(options) > 40 and [a.dest for a in options if not a.help] == []

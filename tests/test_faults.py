@@ -9,6 +9,8 @@ import sys
 import time
 import uuid
 
+import pytest
+
 from callbacks.faults import SLEEPING
 from flux_cp.failures import EXIT_INTERRUPTED, EXIT_TIMEOUT
 
@@ -45,13 +47,38 @@ def test_a_rank_raising_fails_the_run_and_keeps_its_steps(tmp_path):
     assert leftover_processes(marker) == []
 
 
-def test_a_hung_rank_ends_the_run_after_the_timeout(tmp_path):
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_run_after_the_timeout_and_is_named(tmp_path):
     r, took, marker = faulty(tmp_path, "rank=1,step=2,kind=hang", "--timeout-s", 20)
     assert r.returncode == EXIT_TIMEOUT, r.stderr[-3000:]
     assert 20 < took < 60
     d = _summary(tmp_path)
     assert d["complete"] is False and d["error_kind"] == "timeout"
+    # the rank that hung, not rank 0 whose collective timed out waiting for it
+    assert d["error_rank"] == 1 and d["error"].startswith("rank 1 stalled in step 2 at callbacks/faults.py:"), d
+    assert "rank 1 stalled in step 2" in r.stderr.strip().splitlines()[-1]
     assert len(d["loss"]) == 2 and d["metrics"]["step_ms"]["n"] == 1
+    assert leftover_processes(marker) == [] and not list(tmp_path.glob(".heartbeat*"))
+
+
+@pytest.mark.slow
+def test_a_hung_rank_0_is_named(tmp_path):
+    """Rank 1 times out first and names rank 0 from its heartbeat (Lightning's launcher then kills rank 0); if rank
+    0's watchdog fires first, it finds itself stalled outside torch. Either way rank 0 is the run's error."""
+    r, took, marker = faulty(tmp_path, "rank=0,step=2,kind=hang", "--timeout-s", 20)
+    assert r.returncode != 0, r.stderr[-3000:]
+    d = _summary(tmp_path)
+    assert d["error_rank"] == 0 and "stalled in step 2 at callbacks/faults.py" in d["error"], d
+    assert leftover_processes(marker) == []
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_named(tmp_path):
+    """A rank killed from outside (as by the OOM killer) leaves no error of its own: the run's error names it."""
+    r, took, marker = faulty(tmp_path, "rank=1,step=2,kind=kill", "--timeout-s", 30)  # start-up under load
+    assert r.returncode == 1, r.stderr[-3000:]
+    d = _summary(tmp_path)
+    assert d["complete"] is False and d["error_rank"] == 1 and d["error"].startswith("rank 1 died, last seen in step")
     assert leftover_processes(marker) == []
 
 
@@ -78,3 +105,23 @@ def test_sigterm_flushes_an_incomplete_summary(tmp_path):
     assert d["complete"] is False and d["error_kind"] == "interrupted" and d["error"] == "Terminated: SIGTERM"
     assert len(d["loss"]) == 2 and d["metrics"]["step_ms"]["n"] == 1
     assert leftover_processes(marker) == []
+
+
+def test_a_full_disk_is_said_and_leaves_no_temp_files(tmp_path):
+    """A file-size limit (as a full disk: the OS refuses the write) hit while rewriting summary.json."""
+    import resource
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails (EFBIG) instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))  # summary.json outgrows it within a few steps
+
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_SILENT": "true"}
+    cmd = [sys.executable, str(SCRIPT), "--wandb-mode", "disabled", "--steps", 8, "--output", tmp_path / "run"]
+    r = subprocess.run(list(map(str, cmd)), env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       preexec_fn=limit)
+    assert r.returncode == 1, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("train_bench.py: rank 0: run failed (failed): OSError: [Errno 27] File too large"), last
+    assert "out of disk space, quota or file-size limit" in last and "Traceback" not in r.stderr
+    assert not list((tmp_path / "run").glob(".*.tmp"))
+    assert _summary(tmp_path / "run")["complete"] is False

@@ -12,7 +12,7 @@ from flux_cp.config import parse_config, resolve
 from flux_cp.opbench import OPS, OpBench
 from flux_cp.results import OPS_METRICS, validate
 
-from .conftest import ROOT, TINY, bench
+from .conftest import ROOT, TINY, bench, main_in_process
 
 
 def _rows(d, **match):
@@ -71,16 +71,16 @@ BAD = [
     (["--simulate-world", 2, "--cp", "torch"], "--cp torch: torch's context_parallel intercepts only CUDA"),
     (["--seq-lens", "4608,abc"], "--seq-lens 4608,abc: expected comma-separated integers"),
     (["--graph"], "--graph: CUDA graphs need a GPU"),
+    (["--seq-lens", 10], "--seq-lens 10: shorter than the text tokens (data.text_tokens 48) plus one image token"),
 ]
 
 
 @pytest.mark.parametrize(("args", "message"), BAD)
 def test_bad_ops_input_is_one_line_and_exit_2(tmp_path, args, message):
-    r = bench("--ops-only", "--config", TINY, *args, "--output", tmp_path)
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], r.stderr
-    assert not (tmp_path / "summary.json").exists()  # nothing ran
+    rc, lines = main_in_process("--ops-only", "--config", TINY, *args, "--output", tmp_path / "run")
+    assert rc == 2
+    assert len(lines) == 1 and lines[0].startswith("train_bench.py: error: ") and message in lines[0], lines
+    assert not (tmp_path / "run").exists()  # nothing ran
 
 
 @pytest.mark.gpu

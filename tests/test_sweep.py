@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from flux_cp.config import ConfigError
-from flux_cp.sweep import load_sweep
+from flux_cp.sweep import classify, load_sweep
 
 from .conftest import ROOT, TINY, leftover_processes
 
@@ -23,6 +23,7 @@ def sweep(*args, env=None, timeout=300):
                           timeout=timeout, env=e, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_oom_is_recorded_the_sweep_goes_on_and_resumes(tmp_path):
     cfg = tmp_path / "s.yaml"
     cfg.write_text(f"name: t\nconfig: {TINY}\ntimeout_s: 60\nbase: {{wandb_mode: disabled, steps: 3}}\n"
@@ -32,7 +33,10 @@ def test_oom_is_recorded_the_sweep_goes_on_and_resumes(tmp_path):
     # rank 1 exists only in the 2-rank run: it runs out of memory at step 2, the 1-rank run after it is fine
     r = sweep(cfg, "--output", out, env={"FLUX_CP_FAULT": "rank=1,step=2,kind=oom", "FLUX_CP_TEST_MARK": marker})
     assert r.returncode == 1, r.stderr[-3000:]
-    runs = {x["name"]: x for x in json.loads((out / "sweep.json").read_text())["runs"]}
+    index = json.loads((out / "sweep.json").read_text())
+    assert index["status"] == "failed" and index["counts"] == {"oom": 1, "ok": 1}
+    assert r.stderr.strip().splitlines()[-1] == f"report: python scripts/report.py {out}"  # whole, on its own line
+    runs = {x["name"]: x for x in index["runs"]}
     w2, w1 = runs["devices-2_cp-allgather-kv"], runs["devices-1_cp-allgather-kv"]
     assert w2["status"] == "oom" and "can't allocate memory" in w2["error"]
     assert w2["shape"] == {"seq_len": 144, "batch": 1, "world": 2}
@@ -45,8 +49,12 @@ def test_oom_is_recorded_the_sweep_goes_on_and_resumes(tmp_path):
 
     r = sweep(cfg, "--output", out)  # resume: only the incomplete run runs again
     assert r.returncode == 0, r.stderr[-3000:]
-    runs = {x["name"]: x for x in json.loads((out / "sweep.json").read_text())["runs"]}
-    assert runs[w1["name"]]["status"] == "skipped" and runs[w2["name"]]["status"] == "ok"
+    index = json.loads((out / "sweep.json").read_text())
+    assert index["status"] == "complete" and index["counts"] == {"ok": 2}
+    runs = {x["name"]: x for x in index["runs"]}
+    assert runs[w1["name"]]["status"] == "ok" and runs[w2["name"]]["status"] == "ok"
+    assert runs[w1["name"]]["finished"] == w1["finished"] is not None  # when it ran, not when it was skipped
+    assert runs[w1["name"]]["duration_s"] == w1["duration_s"]
     assert json.loads((out / w2["name"] / "summary.json").read_text())["complete"] is True
 
 
@@ -72,3 +80,10 @@ def test_gpu_sweep_config_expands_on_an_8_gpu_host():
     with pytest.raises(ConfigError) as e:  # on one GPU: one line per impossible world size
         load_sweep(ROOT / "configs" / "sweep_flux.yaml", cuda_available=True, gpu_count=1)
     assert len(str(e.value).splitlines()) == 3
+
+
+def test_a_run_that_completed_is_ok_whatever_ended_its_process():
+    """Ctrl-C right after a run wrote its complete summary (exit 130 in teardown): ok, not failed."""
+    assert classify(130, {"complete": True}, guard_fired=False) == "ok"
+    assert classify(130, {"complete": False, "error_kind": "interrupted"}, guard_fired=False) == "failed"
+    assert classify(0, None, guard_fired=False) == "failed"

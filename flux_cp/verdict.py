@@ -1,0 +1,73 @@
+"""The end of a run in one line that answers, and the command to run next.
+
+    W=2: step 103 ms, 1.21x vs runs/train-W1-none-s144/20261203-093345 (W=1), noisy: 95-266 ms
+    next: python scripts/report.py runs
+
+The baseline is the newest complete W=1 `--cp none` training run with the same model, data, precision, compile
+setting and device, found under the runs folder (scripts/report.py reconciles every W in full).
+"""
+
+import json
+import os
+from pathlib import Path
+
+from flux_cp.config import CPU_DEFAULT, GPU_DEFAULT
+
+NOISY = 0.25  # (max - min) / median of step_ms above this: the min-max range is shown
+
+
+def world(d: dict) -> int:
+    return (d.get("simulate") or {}).get("world") or d.get("simulate_world") or d["world_size"]
+
+
+def _key(d: dict):
+    run = d["config"]["run"]
+    return (d["config"]["model"], d["config"]["data"], run["precision"], run["compile"], d["env"]["device"])
+
+
+def find_baseline(d: dict, roots: list[Path]) -> tuple[Path, dict] | None:
+    best = None
+    for root in roots:
+        for p in Path(root).rglob("summary.json"):
+            try:
+                b = json.loads(p.read_text())
+                ok = b.get("complete") and b.get("mode") == "train" and world(b) == 1 and b["cp"] == "none"
+                ok = ok and not (b.get("simulate") or b.get("simulate_world"))
+                if ok and _key(b) == _key(d) and "step_ms" in b["metrics"]:
+                    mtime = p.stat().st_mtime
+                    if best is None or mtime > best[0]:
+                        best = (mtime, p.parent, b)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return best[1:] if best else None
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
+
+
+def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
+    """(answer, next command) of a complete training run."""
+    m = d["metrics"]["step_ms"]
+    w = world(d)
+    simulated = d.get("simulate") or d.get("simulate_world")
+    line = f"W={w}{' (simulated)' if simulated else ''}: step {_ms(m['median'])} ms"
+    cf = d["config"].get("config_file")
+    if cf and Path(cf).resolve() not in (CPU_DEFAULT, GPU_DEFAULT):  # else: the default here, left out
+        rel = os.path.relpath(cf)
+        config = f" --config {cf if rel.startswith('..') else rel}"
+    else:
+        config = ""
+    if w == 1 and d["cp"] == "none":
+        line += " (the W=1 baseline)"
+        nxt = f"python scripts/train_bench.py{config} --devices 2   (or --simulate-world 2 on one device)"
+    elif base := find_baseline(d, roots):
+        path, b = base
+        line += f", {b['metrics']['step_ms']['median'] / m['median']:.2f}x vs {path} (W=1)"
+        nxt = f"python scripts/report.py {roots[0]}"
+    else:
+        line += ", no W=1 baseline with this config yet"
+        nxt = f"python scripts/train_bench.py{config} --devices 1 --cp none   (the baseline)"
+    if m["median"] > 0 and (m["max"] - m["min"]) / m["median"] > NOISY:
+        line += f", noisy: {_ms(m['min'])}-{_ms(m['max'])} ms"
+    return line, f"next: {nxt}"
