@@ -348,9 +348,6 @@ def resolve(
         raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
     if run.timeout_s <= 0:
         raise ConfigError(f"--timeout-s {run.timeout_s}: must be > 0 seconds")
-    if run.weights == "fsdp" and run.precision == "64-true":
-        raise ConfigError("--weights fsdp --precision 64-true: Lightning's FSDP2 strategy has no fp64 (use --precision "
-                          "32-true, or --weights ddp or zero)")
     if run.compile and run.warmup_steps < 2:
         raise ConfigError(
             f"--warmup-steps {run.warmup_steps}: --compile compiles (and may recompile) in warm-up; use >= 2"

@@ -149,7 +149,6 @@ BAD = [
     (["--model.rope_axes", "[4,4,4]"], "--model.rope_axes [4, 4, 4]: three even sizes (text/index, row, col) summing"),
     (["--model.single_blocks", 0, "--model.double_blocks", 0], "--model.double_blocks 0 --model.single_blocks 0:"),
     (["--data.text_tokens", 0], "--data.text_tokens 0: must be >= 1"),
-    (["--weights", "fsdp", "--precision", "64-true"], "--weights fsdp --precision 64-true: Lightning's FSDP2"),
     (["--ops-only", "--seq-lens", 10], "--seq-lens 10: shorter than the text tokens (data.text_tokens 48)"),
 ]
 

@@ -14,11 +14,10 @@ from .conftest import TINY, bench
 from .wandb_records import run_info
 
 COMMON = ("--config", TINY, "--warmup-steps", 1, "--steps", 1, "--dump-ops", "true")
-PAIRS = {  # name: (W, the run's settings)
-    "agkv-ddp-splitcond": (2, ("--cp", "allgather-kv", "--split-conditioning", "true")),
-    "ulysses-zero": (2, ("--cp", "ulysses", "--weights", "zero")),
+PAIRS = {  # name: (W, the run's settings): every strategy, weights mode and --split-conditioning, W = 2 and 4
+    "ulysses-zero-splitcond": (2, ("--cp", "ulysses", "--weights", "zero", "--split-conditioning", "true")),
     "agkv-fsdp": (2, ("--cp", "allgather-kv", "--weights", "fsdp")),
-    "dp2xcp2-ulysses-ddp": (4, ("--cp", "ulysses", "--cp-degree", 2)),
+    "dp2xcp2-agkv-ddp": (4, ("--cp", "allgather-kv", "--cp-degree", 2)),
 }
 
 
@@ -27,7 +26,7 @@ def pairs(tmp_path_factory):
     out = {}
     for name, (w, args) in PAIRS.items():
         root = tmp_path_factory.mktemp(name)
-        wandb = ("--wandb-mode", "offline") if name == "ulysses-zero" else ("--wandb-mode", "disabled")
+        wandb = ("--wandb-mode", "offline") if name == "ulysses-zero-splitcond" else ("--wandb-mode", "disabled")
         sim = bench(*COMMON, *args, "--simulate-world", w, "--output", root / "sim", *wandb)
         real = bench(*COMMON, *args, "--devices", w, "--output", root / "real", "--wandb-mode", "disabled")
         assert sim.returncode == 0, sim.stderr[-3000:]
@@ -80,14 +79,14 @@ def test_simulated_ledger_equals_real_rank_0(pairs, name):
 
 def test_simulated_run_says_so(pairs):
     """summary.json, its validation and the wandb run: simulated, W and the rank; no losses to compare."""
-    d, real = _summary(pairs["ulysses-zero"]["sim"]), _summary(pairs["ulysses-zero"]["real"])
+    d, real = _summary(pairs["ulysses-zero-splitcond"]["sim"]), _summary(pairs["ulysses-zero-splitcond"]["real"])
     assert validate(d) == [] and validate(real) == []
     assert (d["collectives"], d["simulate"], d["world_size"]) == ("fake", {"world": 2, "rank": 0}, 2)
     assert (real["collectives"], real["simulate"]) == ("real", None)
     assert d["loss"] is None and len(real["loss"]) == 2
-    assert d["run_name"].startswith("train-W2sim-ulysses-zero")
+    assert d["run_name"].startswith("train-W2sim-ulysses-zero-splitcond")
     assert d["optimizer_params"] == real["optimizer_params"] < d["params"]  # rank 0's own ZeRO share
-    (log,) = (pairs["ulysses-zero"]["sim"] / "wandb").glob("offline-run-*/run-*.wandb")
+    (log,) = (pairs["ulysses-zero-splitcond"]["sim"] / "wandb").glob("offline-run-*/run-*.wandb")
     cfg = run_info(log)["config"]
     assert (cfg["collectives"], cfg["simulate"]) == ("fake", {"world": 2, "rank": 0})
 
