@@ -110,7 +110,8 @@ def built(train_runs, tmp_path_factory):
     (out / "mine.png").write_bytes(b"keep")  # not the report's: kept
     r = report_cli(root, "--out", out, "--wandb-mode", "offline", "--wandb-report", "--cpu-link",
                    root.parent / f"{root.name}-cpu-link.yaml", "--reconcile", "allgather-kv")
-    return {"root": root, "out": out, "cli": r, "t": t, "json": json.loads((out / "report.json").read_text())}
+    return {"root": root, "out": out, "cli": r, "t": t, "json": json.loads((out / "report.json").read_text()),
+            "md": (out / "report.md").read_text()}
 
 
 def _config(rep, heads, strategy="allgather-kv"):
@@ -242,6 +243,7 @@ def test_simulated_run_adds_predicted_comm(built):
     (c,) = [c for c in built["json"]["configurations"] if c["strategy"] == "allgather-kv simulated"]
     base, row = c["rows"]
     assert base["run"] == t1["run_name"] and row["run"] == ts["run_name"] and row["W"] == 2 and row["simulated"]
+    assert row["rank"] == 0 and f"| 2 sim, rank 0 | {ts['run_name']} |" in built["md"]  # the report row says so
     assert "1 other run(s) at W=2" in c["notes"][0]
     p = expected_prediction(ts, 2, links.from_dict(CPU_LINK))
     step = ts["metrics"]["step_ms"]["median"]

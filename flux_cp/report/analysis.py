@@ -106,6 +106,7 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
     spread, spread_kind = run.spread("step_ms")
     return {
         "run": run.name, "path": str(run.path), "W": W, "world_size": d["world_size"], "simulated": run.simulated,
+        "rank": (d.get("simulate") or {}).get("rank", 0),  # a simulated run's rank of the W-rank job
         "collectives": "fake" if run.fake_collectives else "real", "cp": d["cp"], "weights": d.get("weights", "ddp"),
         "device": d["env"]["device"], "timer": run.timer, "step_ms": step, "host_ms": run.metric("host_ms"),
         "step_spread_ms": spread, "step_spread_kind": spread_kind,

@@ -35,7 +35,8 @@ def tables(c: Config) -> list[tuple[str, list[str], list[list[str]]]]:
         a, am = r.a, r.a.get("amdahl", {})
         res = am.get("residual") or {}
         named = am.get("residual_named")
-        rows.append([f"{r.W}" + (" (baseline)" if r.baseline else "") + (" sim" if a["simulated"] else ""), a["run"],
+        label = f"{r.W}" + (" (baseline)" if r.baseline else "") + (f" sim, rank {a['rank']}" if a["simulated"] else "")
+        rows.append([label, a["run"],
                      _f(a["step_ms"]), f"{_f(a['step_spread_ms'], 2)} {a['step_spread_kind']}",
                      _f((a.get("speedup") or {}).get("projected_step"), 3, "x")
                      + (" (noisy)" if (a.get("noise") or {}).get("noisy") else ""),
