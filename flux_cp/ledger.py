@@ -51,11 +51,14 @@ _FUNCOL = {
 _AFTER = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
 
 
+def _flat(args) -> list:
+    return [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
+
+
 def _below(op, args, kwargs):
     """The op's own kernel below BackendSelect (the backend's, or Meta's while compiling), for this call only:
     the kernel's inner ops dispatch as usual."""
-    flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
-    t = next((t for t in flat if isinstance(t, torch.Tensor)), None)
+    t = next((t for t in _flat(args) if isinstance(t, torch.Tensor)), None)
     keys = torch._C._dispatch_keys(t) if t is not None else torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
     return op.redispatch(keys & _AFTER, *args, **kwargs)
 
@@ -72,8 +75,7 @@ def _is_fake(args) -> bool:
     """Called while torch.compile traces (FakeTensors): not a collective of the step."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
-    return any(isinstance(t, FakeTensor) for t in flat)
+    return any(isinstance(t, FakeTensor) for t in _flat(args))
 
 
 def _group_size(args, group_name=None) -> int:
@@ -96,7 +98,7 @@ class CommLedger:
         self._clock = None
         self._entries: list[dict] = []
         self._by_output: dict[int, dict] = {}  # functional collectives in flight: output data_ptr -> entry
-        self._local = threading.local()  # inside a functional collective: its c10d call is not counted twice
+        self._local = threading.local()  # inside a collective's kernel: its inner c10d call is not counted twice
         self._libs = []
 
     @classmethod
