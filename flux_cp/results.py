@@ -120,15 +120,19 @@ class RunSummary:
         if "compile" in d and "compile_s" in derived and d["compile"].get("enabled"):
             d["compile"] = {**d["compile"], "compile_s": derived["compile_s"]}
         d["per_step"] = self.per_step
-        if self.ledger:
-            from flux_cp.ledger import totals
-
-            d["comm"] = {"per_step": totals(self.ledger[0]["collectives"]), "ledger": self.ledger}
         if error:
             d["error"] = error
         if errors := read_errors(self.path.parent):  # any rank's failure: the first one is the run's error
             d |= {"complete": False, "errors": errors, "error": errors[0]["error"]}
             d |= {k: errors[0][k] for k in ("error_kind", "error_rank", "shape")}
+        if self.ledger:
+            from flux_cp.ledger import totals
+
+            d["comm"] = {"per_step": totals(self.ledger[0]["collectives"])}
+            # every step's collectives (hundreds of KB under ZeRO) in the final write, or a failed run's: the
+            # flushes while measuring are host time between steps
+            if complete or "error" in d:
+                d["comm"]["ledger"] = self.ledger
         return d
 
     def record_error(self, rank: int, error: str, kind: str, shape: dict, at: float | None = None) -> Path:
