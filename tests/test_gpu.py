@@ -116,3 +116,30 @@ def test_training_loop_makes_no_synchronizing_call(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     syncs = json.loads((out / "summary.json").read_text())["syncs"]
     assert syncs["steps"] == 6 and syncs["per_step"] == 0, syncs
+
+
+@pytest.mark.parametrize("rotate", ["allgather", "alltoall"])
+def test_simulated_ring_ledger_on_cuda(tmp_path, rotate):
+    """torch's ring as rank 0 of a 4-rank fake-group job on CUDA: the run completes, and its ledger holds the
+    ring's functional collectives (asynchronous, their consumers' waits placed on the step's CUDA events) and
+    DDP's bucket all-reduces (asynchronous, consumed at the backward's end)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "scripts/train_bench.py", "--config", "configs/tiny.yaml", "--accelerator", "gpu",
+           "--cp", "torch", "--rotate", rotate, "--simulate-world", "4", "--steps", "3", "--warmup-steps", "2",
+           "--wandb-mode", "disabled", "--output", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    d = json.loads((out / "summary.json").read_text())
+    assert d["collectives"] == "fake" and d["simulate"] == {"world": 4, "rank": 0}
+    step = d["comm"]["ledger"][0]
+    ring = [e for e in step["collectives"] if e["kind"] in ("all_gather", "all_to_all") and e["group_size"] == 4]
+    assert ring and all(e["async"] and e["issue_ms"] is not None for e in ring)
+    assert any(e["wait_ms"] is not None and e["wait_ms"] >= e["issue_ms"] for e in ring)
+    grads = [e for e in step["collectives"] if e["kind"] == "all_reduce"]
+    assert grads and all(e["async"] and e["issue_ms"] <= step["phases"]["backward_end_ms"] for e in grads)
