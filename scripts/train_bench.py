@@ -262,7 +262,7 @@ def print_summary(d: dict, path: Path) -> None:
         sim = d["simulate"]
         console.print(f"simulated: rank {sim['rank']} of a {sim['world']}-rank job over torch's fake process group "
                       "(collectives move nothing: losses not meaningful, communication in summary.json's comm ledger)")
-    if "comm" in d:
+    if d.get("comm", {}).get("per_step"):  # none at one rank
         per = ", ".join(f"{k} {v['count']} x ({v['bytes'] / 2**20:.1f} MiB)" for k, v in d["comm"]["per_step"].items())
         console.print(f"collectives per step: {per}")
     if d["loss"]:
