@@ -64,6 +64,8 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     elif base := find_baseline(d, roots):
         path, b = base
         line += f", {b['metrics']['step_ms']['median'] / m['median']:.2f}x vs {path} (W=1)"
+        if simulated:  # its collectives took no time: scripts/report.py prices and places them
+            line += ", compute only"
         nxt = f"python scripts/report.py {roots[0]}"
     else:
         line += ", no W=1 baseline with this config yet"

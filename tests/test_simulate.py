@@ -5,6 +5,8 @@ tiny config, 1 warm-up + 1 measured step, the measured step's compute ops record
 
 import difflib
 import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -23,15 +25,21 @@ PAIRS = {  # name: (W, the run's settings): every strategy, weights mode and --s
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    out = {}
-    for name, (w, args) in PAIRS.items():
-        root = tmp_path_factory.mktemp(name)
-        wandb = ("--wandb-mode", "offline") if name == "ulysses-zero-splitcond" else ("--wandb-mode", "disabled")
-        sim = bench(*COMMON, *args, "--simulate-world", w, "--output", root / "sim", *wandb)
-        real = bench(*COMMON, *args, "--devices", w, "--output", root / "real", "--wandb-mode", "disabled")
-        assert sim.returncode == 0, sim.stderr[-3000:]
-        assert real.returncode == 0, real.stderr[-3000:]
-        out[name] = {k: root / k for k in ("sim", "real")}
+    """Every run of every pair at once (each its own process group): their start-ups overlap on the 2 cores."""
+    with ThreadPoolExecutor(2 * len(PAIRS)) as pool:
+        jobs = {}
+        for name, (w, args) in PAIRS.items():
+            root = tmp_path_factory.mktemp(name)
+            wandb = ("--wandb-mode", "offline") if name == "ulysses-zero-splitcond" else ("--wandb-mode", "disabled")
+            jobs[name, "sim"] = pool.submit(bench, *COMMON, *args, "--simulate-world", w, "--output", root / "sim",
+                                            *wandb)
+            jobs[name, "real"] = pool.submit(bench, *COMMON, *args, "--devices", w, "--output", root / "real",
+                                             "--wandb-mode", "disabled")
+        out = {}
+        for (name, kind), job in jobs.items():
+            r = job.result()
+            assert r.returncode == 0, r.stderr[-3000:]
+            out.setdefault(name, {})[kind] = Path(r.args[r.args.index("--output") + 1])
     return out
 
 
