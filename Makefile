@@ -1,5 +1,5 @@
-# Quick start: `make bench` (set-up + the main job on its default), `make test` (set-up + every CPU test, as CI;
-# `make test-fast`: without the slow fault and sweep cases).
+# Quick start: `make bench` (set-up + the main job on its default), `make test` (set-up + the CPU tests; CI also
+# runs `make test-slow`, the slow fault and sweep cases).
 PY ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
@@ -16,13 +16,13 @@ setup: $(BIN)/python
 bench: setup
 	$(BIN)/python scripts/train_bench.py $(ARGS)
 
-test: setup  # what CI runs (.ci/run): every CPU test
-	$(BIN)/python -m pytest -q
-
-test-fast: setup  # the slow fault and sweep cases left out
+test: setup  # the CPU tests but the slow fault and sweep cases (CI runs both sets: .ci/run)
 	$(BIN)/python -m pytest -q -m "not gpu and not multigpu and not slow"
+
+test-slow: setup  # hung and killed ranks, a sweep's out-of-memory run and resume
+	$(BIN)/python -m pytest -q -m slow
 
 lint: setup
 	$(BIN)/ruff check .
 
-.PHONY: setup bench test test-fast lint
+.PHONY: setup bench test test-slow lint
