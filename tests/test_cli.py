@@ -55,8 +55,11 @@ def test_a_run_prints_no_noise_and_ends_with_its_answer(two_ranks):
     lines = r.stderr.strip().splitlines()
     # against the newest W=1 baseline under runs/ if this checkout has one (make bench makes one), else says so
     assert lines[-2].startswith("W=2: step "), lines[-2:]
-    assert "no W=1 baseline" in lines[-2] or re.search(r", \d+\.\d\dx vs \S+ \(W=1\)", lines[-2]), lines[-2:]
-    assert lines[-1].startswith("next: python scripts/train_bench.py --devices 1 --cp none"), lines[-1]
+    if "no W=1 baseline" in lines[-2]:
+        assert lines[-1].startswith("next: python scripts/train_bench.py --devices 1 --cp none"), lines[-1]
+    else:
+        assert re.search(r", \d+\.\d\dx vs \S+ \(W=1\)", lines[-2]), lines[-2:]
+        assert lines[-1].startswith("next: python scripts/report.py "), lines[-1]
 
 
 def test_a_complete_run_is_never_overwritten(two_ranks):
