@@ -85,12 +85,6 @@ class OpTimingCallback(Callback):
             return "plain"
         return "timed"
 
-    def setup(self, trainer, pl_module, stage):
-        if self.report_rank:  # a simulated rank r is the job's one process: it logs as rank 0 would (wandb, prints)
-            from lightning.pytorch.utilities import rank_zero_only
-
-            rank_zero_only.rank = 0
-
     def on_train_start(self, trainer, pl_module):  # after the module's on_fit_start built the strategy
         # the backend the strategy actually uses (`auto` can be pinned, e.g. flash under torch CP)
         self.summary.header["sdpa_backend"] = pl_module.strategy.sdpa_backend

@@ -24,6 +24,8 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch import nn
 
+from flux_cp.simulate import allreduce_hook, is_fake
+
 
 def build_mesh(device_type: str, dp: int, cp: int):
     """The (dp, cp) DeviceMesh over all ranks, or None without a process group (one plain process)."""
@@ -75,29 +77,35 @@ def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-class _FakeSafeBroadcast:
-    """Lightning broadcasts Python objects (log dirs, ...) from rank 0 with broadcast_object_list; over the fake
-    group a rank r != 0 would receive garbage sizes and allocate them. A simulated job's ranks all hold what
-    rank 0 holds (one config, one folder), so under the fake group the object is this rank's own."""
+class _Simulable:
+    """What Lightning's strategies need to run a simulated rank (flux_cp.simulate) unchanged:
+    - Python objects (log dirs, ...) are broadcast from rank 0 with broadcast_object_list; over the fake group a
+      rank r != 0 would receive garbage sizes and allocate them. A simulated job's ranks all hold what rank 0
+      holds (one config, one folder), so under the fake group the object is this rank's own.
+    - A simulated rank r is the job's one process: it logs and prints as rank 0 would (rank_zero_only)."""
 
     def broadcast(self, obj, src: int = 0):
-        from flux_cp.simulate import is_fake
-
         return obj if is_fake() else super().broadcast(obj, src)
 
+    def set_world_ranks(self) -> None:
+        super().set_world_ranks()
+        if is_fake():
+            from lightning.pytorch.utilities.rank_zero import rank_zero_only
+            from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 
-class ModelParallel(_FakeSafeBroadcast, ModelParallelStrategy):
+            rank_zero_only.rank = utils_rank_zero_only.rank = 0
+
+
+class ModelParallel(_Simulable, ModelParallelStrategy):
     pass
 
 
-class DDPWithHook(_FakeSafeBroadcast, DDPStrategy):
+class DDPWithHook(_Simulable, DDPStrategy):
     """Lightning's DDPStrategy with DDP's gradient all-reduce as a comm hook (flux_cp.simulate.allreduce_hook:
     torch's allreduce_hook with a future the fake group can complete), so real and simulated ranks run one code.
     Lightning registers comm hooks on CUDA only; this one runs on gloo and on the fake group too."""
 
     def _register_ddp_hooks(self) -> None:
-        from flux_cp.simulate import allreduce_hook
-
         self.model.register_comm_hook(None, allreduce_hook)
 
 

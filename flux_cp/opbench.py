@@ -448,7 +448,6 @@ def run_ops(cfg: BenchConfig) -> int:
     import lightning as L
 
     run = cfg.run
-    run.output = run.output or str(Path("runs") / run_name(cfg, "ops"))
     out = Path(run.output)
     distributed = run.devices > 1 or (run.cp == "torch" and not run.simulate_world)  # torch CP needs a mesh
     fabric = L.Fabric(accelerator=run.accelerator, devices=run.devices, strategy="ddp" if distributed else "auto")
