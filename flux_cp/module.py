@@ -6,6 +6,7 @@ ZeRO-sharded optimizer state) or sharded (FSDP2) over all dp x cp ranks of the (
 """
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -22,13 +23,22 @@ from flux_cp.parallel import apply_cp, make_strategy, shard, split_conditioning
 from flux_cp.timing import StepTimer
 
 
+def init_device(accelerator: str) -> torch.device:
+    """Where the weights are drawn: on the GPU the run trains on (LOCAL_RANK, set by Lightning's launcher and torchrun),
+    since the CPU's serial RNG takes ~15 s per run for Flux.1-sized blocks; Lightning moves them on if needed."""
+    if accelerator == "gpu" and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
 class FluxCPModule(L.LightningModule):
     def __init__(self, cfg: BenchConfig):
         super().__init__()
         self.cfg = cfg
         self.automatic_optimization = False
-        torch.manual_seed(cfg.data.seed)  # same random init at every world size and strategy
-        self.model = FluxDiT(cfg.model)
+        torch.manual_seed(cfg.data.seed)  # same random init at every world size and strategy (per device type)
+        with torch.device(init_device(cfg.run.accelerator)):
+            self.model = FluxDiT(cfg.model)
         self.strategy = None  # set in on_fit_start, once ranks and devices are known
         self.mesh = None  # (dp, cp) DeviceMesh, set in configure_model
         self.timer = StepTimer(cuda=False, enabled=False)
