@@ -340,6 +340,15 @@ def resolve(
             "--cp torch: torch's context_parallel intercepts only CUDA SDPA kernels "
             "(use --cp allgather-kv on CPU, or run on a GPU)"
         )
+    if run.accelerator == "gpu" and run.precision != "bf16-true" and run.cp in ("torch", "allgather-kv"):
+        # These strategies pin flash under auto (cuDNN faults under them on torch 2.11), and flash has no fp32/fp64
+        # kernel: the next exact one instead.
+        exact = "efficient" if run.precision == "32-true" else "math"
+        if run.sdpa_backend == "auto":
+            run.sdpa_backend = exact
+        elif run.sdpa_backend == "flash":
+            raise ConfigError(f"--sdpa-backend flash: no {run.precision} kernel on the GPU (use --precision bf16-true, "
+                              f"or --sdpa-backend {exact})")
     if run.cp == "none" and run.cp_degree > 1:
         raise ConfigError(
             f"--cp none: no context parallelism across a CP group of {run.cp_degree} ranks (use --cp-degree 1)"

@@ -9,7 +9,8 @@ Where it listens: every collective of torch.distributed, whoever issues it (our 
 C++ reducer, FSDP2, ZeroRedundancyOptimizer, torch's ring through functional collectives), reaches a
 `c10d::` dispatcher op (ProcessGroup's methods call them so that collectives are traceable). A Python
 kernel registered at the BackendSelect key of those ops (and of the functional ones) records the call and
-redispatches below itself, to the backend's own kernel. Only collectives pay the Python call (~10 us);
+redispatches below itself, to the backend's own kernel. Only collectives pay the Python call (~20 us each on a
+2-core CPU: scripts/ledger_cost.py);
 compute ops never see it, unlike a TorchDispatchMode such as CommDebugMode, which would add a Python call
 to every aten op of the step. The same kernels see a real group (gloo, NCCL) and torch's fake one, so a
 simulated rank's ledger is comparable entry by entry with a real rank's.
@@ -20,9 +21,11 @@ stream (the main compute stream or a side one, FSDP's), issue stamp and, for fun
 stamp where their consumer waits (wait_tensor). flux_cp/predict.py prices them.
 """
 
+import functools
 import threading
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 # c10d op -> (kind, index of the argument whose tensors give the size)
 _C10D = {
@@ -55,10 +58,11 @@ def _flat(args) -> list:
     return [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
 
 
-def _below(op, args, kwargs):
+def _below(op, args, kwargs, t=None):
     """The op's own kernel below BackendSelect (the backend's, or Meta's while compiling), for this call only:
-    the kernel's inner ops dispatch as usual."""
-    t = next((t for t in _flat(args) if isinstance(t, torch.Tensor)), None)
+    the kernel's inner ops dispatch as usual. t: the call's first tensor, where the caller knows it."""
+    if t is None:
+        t = next((t for t in _flat(args) if isinstance(t, torch.Tensor)), None)
     keys = torch._C._dispatch_keys(t) if t is not None else torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
     return op.redispatch(keys & _AFTER, *args, **kwargs)
 
@@ -73,16 +77,19 @@ def _nbytes(x) -> int:
 
 def _is_fake(args) -> bool:
     """Called while torch.compile traces (FakeTensors): not a collective of the step."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return any(isinstance(t, FakeTensor) for t in _flat(args))
+
+
+@functools.cache  # a group's name is never reused for another group within a process
+def _named_group_size(group_name: str) -> int:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name).size()
 
 
 def _group_size(args, group_name=None) -> int:
     if group_name is not None:
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
-        return _resolve_process_group(group_name).size()
+        return _named_group_size(group_name)
     from torch._C._distributed_c10d import ProcessGroup
 
     for a in args:
@@ -138,16 +145,21 @@ class CommLedger:
         names = [a.name for a in op._schema.arguments]
         i_async = names.index("async_op") if "async_op" in names else None
 
+        local = self._local
+
         def kernel(*args, **kwargs):
-            inside = self.inside()
-            async_op = args[i_async] if i_async is not None and i_async < len(args) else kwargs.get("async_op", True)
+            inside = getattr(local, "inside", False)
             if self._clock is not None and not inside and not _is_fake(args):
+                given = i_async is not None and i_async < len(args)
+                async_op = args[i_async] if given else kwargs.get("async_op", True)
                 self._record(kind, _nbytes(args[size_arg]), _group_size(args), async_op)
-            self._local.inside = True  # the backend's own ops (gloo copies its result) belong to the collective
+            a0 = args[0]  # the op's first tensor (or list of them): where the dispatch keys come from
+            t = a0 if isinstance(a0, torch.Tensor) else a0[0] if a0 and isinstance(a0[0], torch.Tensor) else None
+            local.inside = True  # the backend's own ops (gloo copies its result) belong to the collective
             try:
-                return _below(op, args, kwargs)
+                return _below(op, args, kwargs, t)
             finally:
-                self._local.inside = inside
+                local.inside = inside
 
         return kernel
 
@@ -156,14 +168,16 @@ class CommLedger:
         return getattr(self._local, "inside", False)
 
     def _funcol_kernel(self, op, kind, gathers):
-        def kernel(*args, **kwargs):
-            record = self._clock is not None and not _is_fake(args)
-            inside = self.inside()
-            self._local.inside = True
+        local = self._local
+
+        def kernel(*args, **kwargs):  # args[0]: the input tensor
+            record = self._clock is not None and not isinstance(args[0], FakeTensor)
+            inside = getattr(local, "inside", False)
+            local.inside = True
             try:
-                out = _below(op, args, kwargs)
+                out = _below(op, args, kwargs, args[0])
             finally:
-                self._local.inside = inside
+                local.inside = inside
             if record:
                 n = _group_size(args, args[-1])
                 e = self._record(kind, _nbytes(args[0]) * (n if gathers else 1), n, True)
@@ -175,8 +189,8 @@ class CommLedger:
 
     def _wait_kernel(self, op):
         def kernel(t):
-            out = _below(op, (t,), {})
-            if self._clock is not None and isinstance(t, torch.Tensor) and not _is_fake([t]):
+            out = _below(op, (t,), {}, t)
+            if self._clock is not None and not isinstance(t, FakeTensor):
                 e = self._by_output.pop(t.data_ptr(), None)
                 if e is not None:
                     e["wait"] = self._stamp()

@@ -294,6 +294,10 @@ class OpBench:
         self.rows: list[dict] = []
         self.notes: list[str] = []
 
+    @property
+    def sdpa_backend(self) -> str:  # the strategy's pick; before a simulated world's strategy exists, the setting
+        return self.strategy.sdpa_backend if self.strategy else self.cfg.run.sdpa_backend
+
     def cases(self) -> list[tuple[int, int, bool]]:
         """(seq len, effective W, simulated), in the order they are measured."""
         run = self.cfg.run
@@ -312,7 +316,7 @@ class OpBench:
         med = statistics.median(dev)
         self.rows.append({
             "op": op.name, "seq_len": seq_len, "world": world, "simulated": simulated, "cp": self.cfg.run.cp,
-            "method": method, "graph": graph, "sdpa_backend": self.strategy.sdpa_backend, "shape": op.shape,
+            "method": method, "graph": graph, "sdpa_backend": self.sdpa_backend, "shape": op.shape,
             "device_ms": stats(dev), "host_ms": stats(host) if host else None,
             "flops": float(op.flops), "tflops": op.flops / (med * 1e-3) / 1e12,
         })  # fmt: skip
@@ -387,7 +391,7 @@ def build_summary(cfg: BenchConfig, bench: OpBench, env: dict, rank_medians=None
         "collectives": "fake" if run.simulate_world else "real",
         "simulate_worlds": run.simulate_world, "config": cfg.to_dict(), "env": env, "params": None,
         "compile": {"enabled": False, "mode": None, "compile_s": None},
-        "tokens_per_rank": s0 // w0, "sdpa_backend": bench.strategy.sdpa_backend, "seq_lens": run.seq_lens,
+        "tokens_per_rank": s0 // w0, "sdpa_backend": bench.sdpa_backend, "seq_lens": run.seq_lens,
         "complete": complete, "metrics": metrics, "loss": [], "ops": rows,
         "peak_tflops": peak["tflops"] if peak else None, "notes": bench.notes,
     }  # fmt: skip

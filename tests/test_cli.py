@@ -202,3 +202,24 @@ def test_help_describes_groups_and_where_defaults_come_from(capsys):
 
     options = [a for a in _parser()._actions if a.option_strings and a.dest not in ("help", "model", "data")]
     assert len(options) > 40 and [a.dest for a in options if not a.help] == []
+
+
+@pytest.mark.parametrize(("args", "backend"), [
+    (["--cp", "torch", "--precision", "32-true"], "efficient"),
+    (["--cp", "allgather-kv", "--precision", "64-true"], "math"),
+    (["--cp", "torch", "--precision", "bf16-true"], "auto"),  # the strategy pins flash itself
+    (["--cp", "ulysses", "--precision", "32-true"], "auto"),
+])
+def test_gpu_strategies_that_pin_flash_get_an_exact_kernel_outside_bf16(args, backend):
+    """The ring and allgather-kv pin flash on CUDA (cuDNN faults under them on torch 2.11); fp32/fp64 have no
+    flash kernel (the ring's fp32 run on the H200 failed with "No available kernel"): auto picks the next exact
+    one, and an explicit flash is refused in one line naming the fix."""
+    from flux_cp.config import ConfigError, parse_config, resolve
+
+    def resolved(*a):
+        return resolve(parse_config(["--config", str(TINY), *a], cuda_available=True), cuda_available=True, gpu_count=1)
+
+    assert resolved("--accelerator", "gpu", *args).run.sdpa_backend == backend
+    if backend in ("efficient", "math"):
+        with pytest.raises(ConfigError, match=f"--sdpa-backend flash: no .* kernel .* or --sdpa-backend {backend}"):
+            resolved("--accelerator", "gpu", *args, "--sdpa-backend", "flash")
