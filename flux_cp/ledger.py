@@ -199,17 +199,21 @@ class CommLedger:
         return kernel
 
     def _install(self) -> None:
+        # Kept out of dynamo: a kernel called from a compiled region's Python (torch's ring under --compile) was
+        # itself compiled, its CUDA event stamps with it (H200: "Both events must be recorded").
+        nodynamo = torch.compiler.disable
         lib = torch.library.Library("c10d", "IMPL")
         for name, (kind, size_arg) in _C10D.items():
             packet = getattr(torch.ops.c10d, name, None)
             if packet is not None:  # the set of c10d ops differs between torch releases
-                lib.impl(name, self._c10d_kernel(packet.default, kind, size_arg), "BackendSelect")
+                lib.impl(name, nodynamo(self._c10d_kernel(packet.default, kind, size_arg)), "BackendSelect")
         flib = torch.library.Library("_c10d_functional", "IMPL")
         for name, (kind, gathers) in _FUNCOL.items():
             packet = getattr(torch.ops._c10d_functional, name, None)
             if packet is not None:
-                flib.impl(name, self._funcol_kernel(packet.default, kind, gathers), "BackendSelect")
-        flib.impl("wait_tensor", self._wait_kernel(torch.ops._c10d_functional.wait_tensor.default), "BackendSelect")
+                flib.impl(name, nodynamo(self._funcol_kernel(packet.default, kind, gathers)), "BackendSelect")
+        flib.impl("wait_tensor", nodynamo(self._wait_kernel(torch.ops._c10d_functional.wait_tensor.default)),
+                  "BackendSelect")
         self._libs = [lib, flib]  # kept alive: a Library deregisters its kernels when collected
 
 
