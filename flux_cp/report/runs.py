@@ -172,7 +172,9 @@ def config_key(d: dict) -> dict:
         "precision": run["precision"],
         "compile": ((comp.get("mode") or "default") + ("" if comp.get("scope", "blocks") == "blocks" else
                                                         f", {comp['scope']}")) if comp.get("enabled") else "off",
-        "sdpa_backend": d.get("sdpa_backend") or run.get("sdpa_backend", "auto"),
+        # the setting, not the strategy's pick: the ring and allgather-kv pin flash under auto (a workaround that is
+        # part of their cost), and the user's W=1 step is plain SDPA with torch's own pick
+        "sdpa_backend": run.get("sdpa_backend", "auto"),
         "timing": run.get("timing", True),
         # FSDP adds all-gathers / reduce-scatters; ZeRO-1 is DDP with a sharded optimizer (the strategy label
         # says so), identical at W=1, so its runs share DDP's baseline
