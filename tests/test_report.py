@@ -382,3 +382,21 @@ def test_bad_input(tmp_path):
     r = report_cli(tmp_path, "--wandb-mode", "disabled")
     assert r.returncode == 1 and "no usable run" in r.stderr
     assert "unreadable JSON" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_a_ledger_without_the_kv_exchange_is_flagged(train_runs, tmp_path):
+    """A simulated CP run whose ledger lacks its K/V exchange (under reduce-overhead the collectives replay inside
+    CUDA graphs, where the ledger's Python kernels never run: the H200's ulysses runs) says its communication
+    is partly unpriced, in the configuration's notes, instead of pricing a gradient sync alone in silence."""
+    t1, ts = (json.loads(train_runs[w].read_text()) for w in (1, "sim"))
+    for step in ts["comm"]["ledger"]:
+        step["collectives"] = [c for c in step["collectives"] if c["kind"] not in ("all_gather", "reduce_scatter")]
+    for name, d in (("w1", t1), ("sim", ts)):
+        write(tmp_path / name / "summary.json", d)
+    (c,) = build(tmp_path, cpu_link=links.flat(100)).to_dict()["configurations"]
+    assert any(n.startswith("W=2: the ledger holds no K/V exchange") for n in c["notes"]), c["notes"]
+    untouched = tmp_path / "untouched"
+    for name, p in (("w1", train_runs[1]), ("sim", train_runs["sim"])):
+        write(untouched / name / "summary.json", p.read_text())
+    (c,) = build(untouched, cpu_link=links.flat(100)).to_dict()["configurations"]
+    assert not any("K/V exchange" in n for n in c["notes"]), c["notes"]

@@ -70,6 +70,12 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
     bd = prof.get("breakdown_ms") or {}
     pred = comm_prediction(run, W, link) if W > 1 else comm_prediction(run, 1, None) | {"source": "none at W=1"}
     notes = [f"metric {m}: all NaN (not reported)" for m in d.get("nan_metrics", [])]
+    ledger = (d.get("comm") or {}).get("ledger")
+    if W > 1 and ledger and d["cp"] != "none" and not any(
+            c["kind"] in KV_KINDS for c in ledger[len(ledger) // 2]["collectives"]):
+        # Python never runs in a CUDA graph's replay, and the ledger listens from Python kernels
+        notes.append("the ledger holds no K/V exchange (collectives replayed inside CUDA graphs, as under "
+                     "reduce-overhead, never reach it): that communication is not priced")
     # A profile that found no comm kernels at W > 1 did not classify them: the prediction stands in.
     prof_comm = "comm_attention" in bd and "comm_grad" in bd and not run.fake_collectives and W > 1
     if prof_comm and not float(bd["comm_attention"]) + float(bd["comm_grad"]) > 0:
@@ -143,6 +149,7 @@ def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:
     for row in config.rows:
         row.a = analyse_row(row.run, row.W, for_world(link if row.run.on_gpu else cpu_link, row.W))
         row.a["isolated_call_ms"] = match_isolated(iso, config.key, row.W, config.strategy)
+        config.notes += [n for n in (f"W={row.W}: {x}" for x in row.a["notes"]) if n not in config.notes]
     base = config.baseline.a if config.baseline else None
     for row in config.rows:
         a = row.a
