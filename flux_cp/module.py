@@ -27,7 +27,7 @@ def init_device(accelerator: str) -> torch.device:
     """Where the weights are drawn: on the GPU the run trains on (LOCAL_RANK, set by Lightning's launcher and torchrun),
     since the CPU's serial RNG takes ~15 s per run for Flux.1-sized blocks; Lightning moves them on if needed."""
     if accelerator == "gpu" and torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
 
 

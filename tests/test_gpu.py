@@ -1,5 +1,6 @@
 """GPU checks (pytest -m gpu), run on the lent H200: torch's context_parallel dispatch path."""
 
+import json
 import os
 import warnings
 
@@ -12,7 +13,7 @@ from flux_cp.data import make_batch
 from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.parallel import apply_cp, make_strategy
 
-from .conftest import free_port
+from .conftest import TINY, bench, free_port
 
 pytestmark = pytest.mark.gpu
 
@@ -98,23 +99,22 @@ def test_sync_debug_names_the_call_site(tmp_path):
     assert torch.cuda.get_sync_debug_mode() == 0
 
 
+def _gpu_run(tmp_path, *args) -> dict:
+    """train_bench on the tiny config on the GPU, as a user runs it: its summary.json."""
+    out = tmp_path / "run"
+    proc = bench("--config", TINY, "--accelerator", "gpu", "--wandb-mode", "disabled", "--output", out, *args,
+                 timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "summary.json").read_text())
+
+
 def test_training_loop_makes_no_synchronizing_call(tmp_path):
     """A real GPU run under --sync-debug: no synchronizing call per measured step, the timing callback's
     own loss read included (only its wait on a finished step's event is exempt). A loss read by .item()
     on the device would wait for every kernel issued since, and drain the device at every step."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    import json
-    import subprocess
-    import sys
-
-    out = tmp_path / "run"
-    cmd = [sys.executable, "scripts/train_bench.py", "--config", "configs/tiny.yaml", "--devices", "1",
-           "--steps", "6", "--warmup-steps", "2", "--sync-debug", "true", "--wandb-mode", "disabled",
-           "--output", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    syncs = json.loads((out / "summary.json").read_text())["syncs"]
+    syncs = _gpu_run(tmp_path, "--devices", 1, "--steps", 6, "--warmup-steps", 2, "--sync-debug", "true")["syncs"]
     assert syncs["steps"] == 6 and syncs["per_step"] == 0, syncs
 
 
@@ -125,17 +125,8 @@ def test_simulated_ring_ledger_on_cuda(tmp_path, rotate):
     DDP's bucket all-reduces (asynchronous, consumed at the backward's end)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    import json
-    import subprocess
-    import sys
-
-    out = tmp_path / "run"
-    cmd = [sys.executable, "scripts/train_bench.py", "--config", "configs/tiny.yaml", "--accelerator", "gpu",
-           "--cp", "torch", "--rotate", rotate, "--simulate-world", "4", "--steps", "3", "--warmup-steps", "2",
-           "--wandb-mode", "disabled", "--output", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    d = json.loads((out / "summary.json").read_text())
+    d = _gpu_run(tmp_path, "--cp", "torch", "--rotate", rotate, "--simulate-world", 4, "--steps", 3,
+                 "--warmup-steps", 2)
     assert d["collectives"] == "fake" and d["simulate"] == {"world": 4, "rank": 0}
     step = d["comm"]["ledger"][0]
     ring = [e for e in step["collectives"] if e["kind"] in ("all_gather", "all_to_all") and e["group_size"] == 4]
@@ -145,26 +136,13 @@ def test_simulated_ring_ledger_on_cuda(tmp_path, rotate):
     assert grads and all(e["async"] and e["issue_ms"] <= step["phases"]["backward_end_ms"] for e in grads)
 
 
-def _sim_run(tmp_path, *args) -> dict:
-    import json
-    import subprocess
-    import sys
-
-    out = tmp_path / "run"
-    cmd = [sys.executable, "scripts/train_bench.py", "--config", "configs/tiny.yaml", "--accelerator", "gpu",
-           "--wandb-mode", "disabled", "--output", str(out), *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "summary.json").read_text())
-
-
 def test_compiled_ring_as_a_simulated_rank_keeps_its_ledger(tmp_path):
     """torch's ring under torch.compile as rank 0 of a 2-rank fake-group job: the ledger's kernels run from the
     compiled region's Python without being compiled themselves (the H200 run failed with "Both events must be
     recorded" when they were), and the step's ring collectives are still recorded."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    d = _sim_run(tmp_path, "--cp", "torch", "--simulate-world", 2, "--compile", "true", "--precision", "bf16-true",
+    d = _gpu_run(tmp_path, "--cp", "torch", "--simulate-world", 2, "--compile", "true", "--precision", "bf16-true",
                  "--steps", 3, "--warmup-steps", 3)
     assert d["complete"] and d["compile"]["enabled"]
     kinds = {e["kind"] for e in d["comm"]["ledger"][-1]["collectives"]}
@@ -176,6 +154,6 @@ def test_ops_only_simulated_worlds_on_cuda(tmp_path):
     exists (it failed on the H200 with 'NoneType' has no attribute 'sdpa_backend'), then the ring per W."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    d = _sim_run(tmp_path, "--ops-only", "--cp", "torch", "--simulate-world", "1,2", "--seq-lens", 144,
+    d = _gpu_run(tmp_path, "--ops-only", "--cp", "torch", "--simulate-world", "1,2", "--seq-lens", 144,
                  "--precision", "bf16-true", "--reps", 5)
     assert {(r["op"], r["world"]) for r in d["ops"]} >= {("gemm_peak", 1), ("sdpa_fwd", 1), ("sdpa_fwd", 2)}

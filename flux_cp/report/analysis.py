@@ -70,9 +70,8 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
     bd = prof.get("breakdown_ms") or {}
     pred = comm_prediction(run, W, link) if W > 1 else comm_prediction(run, 1, None) | {"source": "none at W=1"}
     notes = [f"metric {m}: all NaN (not reported)" for m in d.get("nan_metrics", [])]
-    ledger = (d.get("comm") or {}).get("ledger")
-    if W > 1 and ledger and d["cp"] != "none" and not any(
-            c["kind"] in KV_KINDS for c in ledger[len(ledger) // 2]["collectives"]):
+    if (W > 1 and d["cp"] != "none" and pred["source"].startswith("ledger")
+            and not any(k in KV_KINDS for k in pred["bytes_by_kind"])):
         # Python never runs in a CUDA graph's replay, and the ledger listens from Python kernels
         notes.append("the ledger holds no K/V exchange (collectives replayed inside CUDA graphs, as under "
                      "reduce-overhead, never reach it): that communication is not priced")
