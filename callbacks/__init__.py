@@ -6,6 +6,7 @@ from callbacks.guard import GuardCallback
 from callbacks.loggers import ResilientWandbLogger
 from callbacks.profiler import KernelProfileCallback
 from callbacks.progress import StepProgressBar
+from callbacks.sigterm import SigtermEveryCallback
 from callbacks.syncs import SyncDebugCallback
 from callbacks.timing import OpTimingCallback
 
@@ -16,6 +17,7 @@ __all__ = [
     "KernelProfileCallback",
     "OpTimingCallback",
     "ResilientWandbLogger",
+    "SigtermEveryCallback",
     "StepProgressBar",
     "SyncDebugCallback",
 ]

@@ -1,23 +1,25 @@
 """OpTimingCallback: step and op timings of every training step, to summary.json and the logger.
 
 Per step it opens the module's StepTimer before the step and closes it after (optimizer
-included). A measured step is read one step late, while the next step runs: the host waits for
-that step's last event only (its loss was copied to the host asynchronously right after it), so
-the device's queue never drains for the timer's sake and the step time is the steady-state one of
-a training loop that does not synchronise. Every rank's
-figures and loss are then gathered on the CPU (gloo: a device all-gather would queue behind the
-running step). Rank 0 logs them (Lightning logger API) and keeps the summary.
+included). The host never waits for the device inside the loop: after each step, the steps that
+finished on the device (`Event.query()`) and are at least one step old are read, in order; the rest
+wait for a later step or the end of training (its loss was copied to the host asynchronously right
+after it). Where the host issues a step about as fast as the device runs it (CP at W >= 2), a wait
+here would be step time. One rank's figures are kept as they are read; with several ranks every
+rank's figures and loss are gathered on the CPU (gloo) once, after the loop, since a per-step gather
+would tie the ranks' hosts together at every step. Rank 0 (or a simulated rank) logs them (Lightning
+logger API) and keeps the summary; summary.json records where the reads happened (`reads`).
 Warm-up steps are run and their loss kept, but their timings stay out of the statistics; so do
 profiled steps (--profile: extra steps right after warm-up, slowed by the profiler itself).
 
 Each measured step has a kind (`step_kind`), the same on every rank:
 - "timed": op regions on -> step_ms, host_ms, sdpa_*/qkv_gemm_* (the normal step), and the loop's
   pace: loop_ms (host wall time from this step's start to the next's: data loading included, unlike
-  step_ms), host_wait_ms (time the host waited for the device; ~0 when the host sets the pace), data_ms
+  step_ms), data_ms
   (host time from the end of this callback's hooks of the last step to the batch leaving the loader: the
   loader's wait and the loop's other hooks), transfer_ms (Lightning's copy of the batch to the device),
   prologue_ms (from there to this step's start: Lightning's hooks) and after_ms (this callback's hook after
-  the step: reading the step before, host_wait_ms included, the gather, logging). A step's loop_ms is its
+  the step: reading finished steps, logging). A step's loop_ms is its
   host_ms + after_ms and the next step's data_ms + transfer_ms + prologue_ms: the host's whole period;
   gc_ms is the part of that period Python's garbage collector took (wherever it struck);
 - "plain": regions off -> step_ms/host_ms when --timing false; with --timing-ab (instrumentation
@@ -29,6 +31,7 @@ Every rank keeps the (gathered) summary, so that whichever rank fails can write 
 """
 
 import gc
+import statistics
 import time
 from pathlib import Path
 
@@ -37,7 +40,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from flux_cp.failures import error_kind, error_line
-from flux_cp.results import RunSummary
+from flux_cp.results import RunSummary, process_start_time
 from flux_cp.simulate import is_fake
 from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
 
@@ -69,7 +72,14 @@ class OpTimingCallback(Callback):
         self._host_ms = 0.0  # last step's issue time: how far ahead a probe must hold the stream
         self._kind = "timed"  # this step's kind, set at its start
         self._pending: list[tuple] = []  # finished steps not read yet: (batch_idx, kind, step)
-        self._group = None  # gloo group for the per-step gather (None: one rank)
+        self._read: list[tuple] = []  # read, not yet gathered (several ranks): (batch_idx, kind, figures)
+        self._host0: dict[int, float] = {}  # each step's start (host clock): a step's loop_ms runs to the next's
+        self._lags: list[int] = []  # measured steps: how many steps later than its own end each was read
+        self._reads = {"in_loop": 0, "after_loop": 0, "waited_in_loop": 0}  # measured steps' reads, where
+        self._in_loop = False
+        self._regions = False  # the run times op regions (--timing)
+        self.wall: dict[str, float] = {}  # epoch seconds: process start, first step, warm-up end, last step end
+        self._group = None  # gloo group for the gather after the loop (None: one rank)
         self._t0 = 0.0
         self._t_end = 0.0  # when the last step's hooks ended (host clock)
         self._between: dict[str, float] = {}  # this step's data_ms, transfer_ms, prologue_ms
@@ -87,7 +97,7 @@ class OpTimingCallback(Callback):
 
     def on_train_start(self, trainer, pl_module):  # after the module's on_fit_start built the strategy
         # the backend the strategy actually uses (`auto` can be pinned, e.g. flash under torch CP)
-        self.summary.header["sdpa_backend"] = pl_module.strategy.sdpa_backend
+        self.summary.header["sdpa_backend"] = pl_module.step.strategy.sdpa_backend
         self.summary.header["optimizer_params"] = pl_module.optimizer_params  # this rank's share under ZeRO
         # a fake group (simulated rank) has no one to gather from: the figures are this rank's own
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and not is_fake():
@@ -96,6 +106,9 @@ class OpTimingCallback(Callback):
             spin_cycles_per_ms()  # calibrated (it synchronises) before any step, not inside the first probe
         gc.callbacks.append(self._gc)
         self._t0 = time.perf_counter()
+        self.wall = {"process": process_start_time(), "start": time.time()}
+        self._regions = pl_module.timer.enabled
+        self._in_loop = True
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         timer = pl_module.timer
@@ -113,29 +126,53 @@ class OpTimingCallback(Callback):
         if self._ended is not None:
             self._ended["gc_ms"] = gc_ms
         timer.start_step(regions=kind == "timed", probe_ms=probe_ms)
+        self._host0[batch_idx] = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = self._ended = pl_module.timer.end_step(outputs["loss"]) | self._between
+        if batch_idx + 1 == self.warmup_steps:  # warm-up wall time: compilation, autotuning, allocator growth
+            self.summary.header["warmup_s"] = time.perf_counter() - self._t0
+            self.summary.header["warmup_steps"] = self.warmup_steps
+        if batch_idx + 1 == self.skip:
+            self.wall["warm"] = time.time()
         self._pending.append((batch_idx, self._kind, step))
-        # measured steps one step late; warm-up and profiled steps at once (the profiler reads `last` for the
-        # step it traced, and those steps are out of the statistics anyway)
-        lag = 1 if batch_idx >= self.skip else 0
-        while self._pending and self._pending[0][0] <= batch_idx - lag:
-            self._read_step(trainer, pl_module, *self._pending.pop(0))
+        if self.warmup_steps <= batch_idx < self.skip:  # profiled: read at once (the profiler reads `last`; it syncs)
+            self._drain(trainer, pl_module, batch_idx, wait=True)
+        self._drain(trainer, pl_module, batch_idx - 1)  # at least a step old (its loop_ms is known), and done
         self._t_end = time.perf_counter()
-        step["after_ms"] = (self._t_end - step["host1"]) * 1e3  # this hook after the step: reads, gather, logging
+        step["after_ms"] = (self._t_end - step["host1"]) * 1e3  # this hook after the step: reads, logging
 
-    def _read_step(self, trainer, pl_module, batch_idx, kind, step, collective: bool = True):
-        with sync_allowed(pl_module.timer.cuda):  # waits on a finished step: not a stall of the loop
-            local = pl_module.timer.read(step)
+    def _drain(self, trainer, pl_module, upto: int, wait: bool = False):
+        """Read pending steps up to batch_idx `upto`, in order, while they have finished on the device (or, with
+        wait, until they have: after the loop, or profiled steps)."""
+        timer = pl_module.timer
+        while self._pending and self._pending[0][0] <= upto and (wait or timer.ready(self._pending[0][2])):
+            batch_idx, kind, step = self._pending.pop(0)
+            waits = timer.waits
+            with sync_allowed(timer.cuda):  # a wait here is after the loop (or in a profiled step): not a stall
+                local = timer.read(step, wait=wait)
+            if batch_idx >= self.skip:  # a measured step: where it was read
+                self._reads["in_loop" if self._in_loop else "after_loop"] += 1
+                self._reads["waited_in_loop"] += self._in_loop and timer.waits > waits
+                if self._in_loop:
+                    self._lags.append(max(self._host0) - batch_idx)
+            nxt = self._host0.get(batch_idx + 1)
+            if nxt is not None:  # the next step has started: the loop's period, as the host sees it
+                local["loop_ms"] = (nxt - self._host0[batch_idx]) * 1e3
+            local |= {k: step[k] for k in LOOP_PARTS if k in step}
+            self._host_ms = local["host_ms"]
+            self._read.append((batch_idx, kind, local))
+            self.last = self._figures(kind, {k: v for k, v in local.items() if k not in ("loss", "comm")})
+            if self._group is None:  # one rank: nothing to gather, the summary grows as steps are read
+                self._ingest(trainer, *self._read.pop())
+
+    def _ingest(self, trainer, batch_idx, kind, local, collective: bool = True):
+        """A read step into the summary and the logger: every rank's figures (gathered), the global loss."""
+        local = dict(local)
         loss = local.pop("loss")
         comm = local.pop("comm", None)
         step_ms = local["step_ms"]  # a probe step's is its busy time (renamed below)
-        self._host_ms = local["host_ms"]
-        if self._pending:  # the next step has started: the loop's period, as the host sees it
-            local["loop_ms"] = (self._pending[0][2]["host0"] - step["host0"]) * 1e3
-        local |= {k: step[k] for k in LOOP_PARTS if k in step}
-        local = self.last = self._figures(kind, local, pl_module.timer.enabled)
+        local = self._figures(kind, local)
         keys = sorted(local)  # same on every rank: the kind and the steps started are
         every = self._gather([local[k] for k in keys] + [loss], collective)  # (W, M + 1)
         loss = every[:, -1].mean().item()  # equal shards of equally many samples: global loss = mean over dp x cp ranks
@@ -144,9 +181,6 @@ class OpTimingCallback(Callback):
         self.summary.add_step(batch_idx, loss, rank0, dict(zip(keys, vmax)), dict(zip(keys, vmin)))
         if comm is not None:
             self.summary.add_comm(batch_idx, kind, step_ms, comm)
-        if batch_idx + 1 == self.warmup_steps:  # warm-up wall time: compilation, autotuning, allocator growth
-            self.summary.header["warmup_s"] = time.perf_counter() - self._t0
-            self.summary.header["warmup_steps"] = self.warmup_steps
         if trainer.global_rank != self.report_rank:
             return
         if trainer.logger is not None:
@@ -158,15 +192,15 @@ class OpTimingCallback(Callback):
         # Written at every step out of the statistics, then at most every flush_every_s: a write (JSON + fsync) in
         # every step would be host time between steps. A failing run writes everything it read (on_exception).
         now = time.perf_counter()
-        if batch_idx < self.skip or now - self._flushed >= self.flush_every_s:
+        if self._in_loop and (batch_idx < self.skip or now - self._flushed >= self.flush_every_s):
             self.summary.write(complete=False)
             self._flushed = now
 
-    def _figures(self, kind: str, local: dict, regions: bool) -> dict:
+    def _figures(self, kind: str, local: dict) -> dict:
         """A step's figures under the names its kind gives them."""
         if kind == "probe":
             return {"device_busy_ms": local["step_ms"]}
-        if kind == "plain" and self.timing_ab and regions:
+        if kind == "plain" and self.timing_ab and self._regions:
             return {"step_untimed_ms": local["step_ms"], "host_untimed_ms": local["host_ms"]}
         return local
 
@@ -178,10 +212,20 @@ class OpTimingCallback(Callback):
         dist.all_gather(out, vec, group=self._group)
         return torch.stack(out)
 
+    def _finish_reads(self, trainer, pl_module, collective: bool) -> None:
+        """After the loop: read what is left (waiting is allowed now), then gather every rank's figures."""
+        self._in_loop = False
+        self._drain(trainer, pl_module, float("inf"), wait=True)
+        while self._read:  # in step order on every rank: the gathers pair up
+            self._ingest(trainer, *self._read.pop(0), collective=collective)
+        lags = self._lags or [0]
+        self.summary.header["reads"] = self._reads | {"lag_steps_median": statistics.median(lags),
+                                                      "lag_steps_max": max(lags)}
+
     def on_train_end(self, trainer, pl_module):
         self._remove_gc_hook()
-        while self._pending:  # the last step, read late (every rank: the gather is collective)
-            self._read_step(trainer, pl_module, *self._pending.pop(0))
+        self.wall["end"] = time.time()
+        self._finish_reads(trainer, pl_module, collective=True)
         if trainer.global_rank != self.report_rank:
             return
         self.summary.write(complete=True)  # before the logger is finalised: a wandb failure loses nothing
@@ -195,14 +239,14 @@ class OpTimingCallback(Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         self._remove_gc_hook()
-        # Steps finished but not read yet: kept with this rank's own figures (the other ranks may be gone, so
-        # no gather); the rest is skipped once one cannot be read (e.g. after a CUDA error).
-        while self._pending:
-            try:
-                self._read_step(trainer, pl_module, *self._pending.pop(0), collective=False)
-            except Exception:
-                break
-        self._pending.clear()
+        # Steps not gathered yet: kept with this rank's own figures (the other ranks may be gone, so no gather);
+        # the unread rest is skipped once one cannot be read (e.g. after a CUDA error).
+        try:
+            self._finish_reads(trainer, pl_module, collective=False)
+        except Exception:
+            self._pending.clear()
+            while self._read:
+                self._ingest(trainer, *self._read.pop(0), collective=False)
         self.record_failure(trainer.global_rank, exception)
 
     def record_failure(self, rank: int, exception: BaseException, at: float | None = None):

@@ -82,7 +82,16 @@ class RunConfig:
     steps: int = 20  # measured steps
     warmup_steps: int = 5  # run first, excluded from the statistics (their loss is kept)
     lr: float = 1e-4  # AdamW learning rate
-    num_workers: int | None = None  # data loader worker processes; default: 4 on GPU, 0 on CPU (steps use every core)
+    # lightning: the Trainer and this tool's callbacks; bare: the same step (model, strategy, weights, compile,
+    # simulated world) in a plain PyTorch loop with one event pair per step, the reference the harness is held to
+    harness: Literal["lightning", "bare"] = "lightning"
+    # device: each step's synthetic batch made on the training device before the loop (nothing in the step's host
+    # path); workers: a DataLoader with worker processes and pinned memory, as a real pipeline (its cost: data_ms)
+    loader: Literal["device", "workers"] = "device"
+    num_workers: int | None = None  # --loader workers: worker processes; default: 4 on GPU, 0 on CPU
+    # Lightning 2.6 broadcasts a SIGTERM flag and reads it back (.item(): a host-device sync) before every step at
+    # W > 1 (its PR 20825); here every N steps, as its PR 21640 proposes. 1: stock Lightning
+    sigterm_every: int = 100
     output: str | None = None  # run folder; default: a new runs/<run_name>/<time> (runs/<run_name>/latest points at it)
     overwrite: bool = False  # let --output replace the complete run it holds
     group: str = "adhoc"  # sweep id: one wandb dashboard per group
@@ -147,6 +156,7 @@ class BenchConfig:
 RUN_GROUPS = {
     "Parallelism": ("cp", "cp_degree", "weights", "rotate", "sdpa_backend", "split_conditioning", "simulate_world",
                     "simulate_rank"),
+    "Harness": ("harness", "loader", "num_workers", "sigterm_every"),
     "Timing and profiling": ("timing", "timing_ab", "idle_probe_every", "profile", "profile_steps", "sync_debug",
                              "gc_every"),
     "Compile": ("compile", "compile_mode", "compile_backend", "compile_scope"),
@@ -364,9 +374,16 @@ def resolve(
     if run.profile and run.profile_steps < 1:
         raise ConfigError(f"--profile-steps {run.profile_steps}: must be >= 1 (extra steps after warm-up)")
     if run.num_workers is None:
-        run.num_workers = 4 if run.accelerator == "gpu" else 0
+        run.num_workers = 4 if run.accelerator == "gpu" and run.loader == "workers" else 0
     if run.num_workers < 0:
         raise ConfigError(f"--num-workers {run.num_workers}: must be >= 0 (0: batches made in the main process)")
+    if run.num_workers and run.loader != "workers":
+        raise ConfigError(f"--num-workers {run.num_workers}: worker processes make batches with --loader workers only "
+                          "(add it, or drop --num-workers)")
+    if run.sigterm_every < 1:
+        raise ConfigError(f"--sigterm-every {run.sigterm_every}: a number of steps >= 1 (1: Lightning's every step)")
+    if run.harness == "bare":
+        _check_bare(run)
     if run.sync_debug and run.accelerator != "gpu":
         raise ConfigError("--sync-debug: torch's sync debug mode watches CUDA calls (drop it, or run on a GPU)")
     if run.gc_every < 0:
@@ -390,6 +407,19 @@ def resolve(
             f"by the CP degree {w} (pick a CP degree dividing {2 * model.hidden} and {3 * model.hidden}, or drop it)"
         )
     return cfg
+
+
+# Settings of the Lightning harness that the bare loop (one event pair per step, nothing else) has no use for
+LIGHTNING_ONLY = {"timing_ab": False, "profile": False, "sync_debug": False, "gc_every": 0, "dump_ops": False,
+                  "loader": "device"}
+
+
+def _check_bare(run: RunConfig) -> None:
+    for key, default in LIGHTNING_ONLY.items():
+        if getattr(run, key) != default:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} {getattr(run, key)}: a setting of the Lightning harness; --harness bare times "
+                              f"whole steps only (drop {flag}, or use --harness lightning)")
 
 
 def check_dims(model: ModelConfig, data: DataConfig) -> None:
@@ -498,6 +528,8 @@ def split_seq_len(seq_len: int, data: DataConfig) -> tuple[int, int]:
 def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
     """Checks of --ops-only: per-rank shapes of each seq len for each (simulated) world size."""
     run, model, data = cfg.run, cfg.model, cfg.data
+    if run.harness == "bare":
+        raise ConfigError("--harness bare: the op bench has no harness around its calls (drop --harness or --ops-only)")
     run.seq_lens = _int_list("--seq-lens", run.seq_lens) or [data.seq_len]
     sims = _int_list("--simulate-world", run.simulate_world)
     run.simulate_world = None if sims == [1] else sims  # 1 alone (the default): no simulation
@@ -549,4 +581,5 @@ def run_name(cfg: BenchConfig, mode: str = "train") -> str:
     if run.compile:
         compiled = "-compiled" + ("" if run.compile_mode == "default" else f"-{run.compile_mode}")
         compiled += "-model" if run.compile_scope == "model" else ""
-    return f"{mode}-{w}{dp}-{run.cp}{fsdp}-s{cfg.data.seq_len}{compiled}"
+    bare = "-bare" if run.harness == "bare" else ""
+    return f"{mode}-{w}{dp}-{run.cp}{fsdp}-s{cfg.data.seq_len}{compiled}{bare}"

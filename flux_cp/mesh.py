@@ -1,4 +1,5 @@
-"""The 2-D device mesh (dp, cp), how weights are kept in sync over it, and the Lightning strategy for that.
+"""The 2-D device mesh (dp, cp) and how weights are kept in sync over it (the Lightning strategies that apply this
+are in flux_cp/strategies.py; the bare loop, flux_cp/bare.py, applies it without Lightning).
 
     ranks = devices x num_nodes = dp x cp        mesh order ("dp", "cp"): cp innermost
 
@@ -21,10 +22,7 @@ Either way the update is the gradient of the global mean loss: see FluxCPModule.
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch import nn
-
-from flux_cp.simulate import allreduce_hook, is_fake
 
 
 def build_mesh(device_type: str, dp: int, cp: int):
@@ -77,38 +75,6 @@ def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-class _Simulable:
-    """What Lightning's strategies need to run a simulated rank (flux_cp.simulate) unchanged:
-    - Python objects (log dirs, ...) are broadcast from rank 0 with broadcast_object_list; over the fake group a
-      rank r != 0 would receive garbage sizes and allocate them. A simulated job's ranks all hold what rank 0
-      holds (one config, one folder), so under the fake group the object is this rank's own.
-    - A simulated rank r is the job's one process: it logs and prints as rank 0 would (rank_zero_only)."""
-
-    def broadcast(self, obj, src: int = 0):
-        return obj if is_fake() else super().broadcast(obj, src)
-
-    def set_world_ranks(self) -> None:
-        super().set_world_ranks()
-        if is_fake():
-            from lightning.pytorch.utilities.rank_zero import rank_zero_only
-            from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
-
-            rank_zero_only.rank = utils_rank_zero_only.rank = 0
-
-
-class ModelParallel(_Simulable, ModelParallelStrategy):
-    pass
-
-
-class DDPWithHook(_Simulable, DDPStrategy):
-    """Lightning's DDPStrategy with DDP's gradient all-reduce as a comm hook (flux_cp.simulate.allreduce_hook:
-    torch's allreduce_hook with a future the fake group can complete), so real and simulated ranks run one code.
-    Lightning registers comm hooks on CUDA only; this one runs on gloo and on the fake group too."""
-
-    def _register_ddp_hooks(self) -> None:
-        self.model.register_comm_hook(None, allreduce_hook)
-
-
 def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter's whole tensor, fp64 on CPU. Collective under FSDP (DTensor params): call on all ranks."""
     out = {}
@@ -116,37 +82,3 @@ def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
         t = p.full_tensor() if hasattr(p, "full_tensor") else p
         out[name] = t.detach().double().cpu()
     return out
-
-
-def lightning_strategy(run):
-    """The Lightning strategy for `run.weights`.
-
-    fsdp: Lightning's ModelParallelStrategy, with all dp x cp ranks mapped onto its `data_parallel` dim
-    (tensor_parallel = 1). Its mesh dim is then exactly the flattened (dp, cp) mesh FSDP2 shards over, and
-    the strategy already does what FSDP2 needs (configure_model before the optimizer, no DDP wrapper), so no
-    subclass is needed; the (dp, cp) view that CP groups and data use is built by build_mesh on the same ranks.
-    """
-    import datetime
-
-    backend = "nccl" if run.accelerator == "gpu" else "gloo"
-    timeout = datetime.timedelta(seconds=run.timeout_s)  # a collective that never matches fails the run
-    if run.simulate_world:  # the fake group exists already (flux_cp.simulate); Lightning keeps it
-        backend = "fake"
-    if run.weights == "fsdp":  # FSDP needs a process group even at world size 1
-        return ModelParallel(data_parallel_size=run.world_size, tensor_parallel_size=1,
-                                     process_group_backend=backend, timeout=timeout)
-    # torch's CP needs a process group (its device mesh) even at world size 1
-    if run.world_size > 1 or run.cp == "torch":
-        return DDPWithHook(process_group_backend=backend, timeout=timeout)
-    return "auto"
-
-
-def lightning_precision(run) -> dict:
-    """The Trainer's precision arguments. Lightning's ModelParallelStrategy accepts precisions from a list of names
-    without 64-true, though its DoublePrecision plugin works as bf16-true's HalfPrecision does there (module.to(dtype)
-    after configure_model's fully_shard; default dtype in init and forward): under fsdp it is given as a plugin."""
-    if run.weights == "fsdp" and run.precision == "64-true":
-        from lightning.pytorch.plugins import DoublePrecision
-
-        return {"precision": None, "plugins": [DoublePrecision()]}
-    return {"precision": run.precision}

@@ -6,29 +6,19 @@ ZeRO-sharded optimizer state) or sharded (FSDP2) over all dp x cp ranks of the (
 """
 
 import json
-import os
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
-import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
 from flux_cp.config import BenchConfig
-from flux_cp.data import DTYPES, make_loader
+from flux_cp.data import DTYPES, device_batches, make_loader
 from flux_cp.ledger import CommLedger, OpRecorder
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
-from flux_cp.model import FluxDiT, image_ids, text_ids
-from flux_cp.parallel import apply_cp, make_strategy, shard, split_conditioning
+from flux_cp.step import FluxStep, build_model
 from flux_cp.timing import StepTimer
-
-
-def init_device(accelerator: str) -> torch.device:
-    """Where the weights are drawn: on the GPU the run trains on (LOCAL_RANK, set by Lightning's launcher and torchrun),
-    since the CPU's serial RNG takes ~15 s per run for Flux.1-sized blocks; Lightning moves them on if needed."""
-    if accelerator == "gpu" and torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
 
 
 class FluxCPModule(L.LightningModule):
@@ -36,10 +26,8 @@ class FluxCPModule(L.LightningModule):
         super().__init__()
         self.cfg = cfg
         self.automatic_optimization = False
-        torch.manual_seed(cfg.data.seed)  # same random init at every world size and strategy (per device type)
-        with torch.device(init_device(cfg.run.accelerator)):
-            self.model = FluxDiT(cfg.model)
-        self.strategy = None  # set in on_fit_start, once ranks and devices are known
+        self.model = build_model(cfg)  # Lightning's precision plugin casts it, its strategy moves it if needed
+        self.step = None  # FluxStep (the CP strategy, RoPE angles), set in on_fit_start once ranks are known
         self.mesh = None  # (dp, cp) DeviceMesh, set in configure_model
         self.timer = StepTimer(cuda=False, enabled=False)
         self.batch_marks: dict[str, float] = {}  # host clock around the batch's copy to the device, this step
@@ -48,6 +36,10 @@ class FluxCPModule(L.LightningModule):
         run = self.cfg.run
         n = run.warmup_steps + (run.profile_steps if run.profile else 0) + run.steps
         dp_rank = self.global_rank // run.cp_degree  # cp is the mesh's inner dim
+        if run.loader == "device":  # made up front on the device: a batch is a list item, already in place
+            batches = device_batches(self.cfg.data, self.cfg.model, n, dp_rank, run.dp, DTYPES[run.precision],
+                                     self.trainer.strategy.root_device)
+            return DataLoader(batches, batch_size=None)
         return make_loader(self.cfg.data, self.cfg.model, n, dp_rank, run.dp, workers=run.num_workers,
                            pin=run.accelerator == "gpu", dtype=DTYPES[run.precision])
 
@@ -66,28 +58,12 @@ class FluxCPModule(L.LightningModule):
         return opt
 
     def on_fit_start(self):
-        run, data = self.cfg.run, self.cfg.data
+        run = self.cfg.run
         cp_mesh = self.mesh["cp"] if self.mesh is not None else None
-        rank, world = (cp_mesh.get_local_rank(), cp_mesh.size()) if cp_mesh is not None else (0, 1)  # in the CP group
         # Op regions would split a compiled graph (graph breaks change what is measured): off under --compile.
         self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing and not run.compile,
                                ledger=CommLedger.get())
-        self.strategy = make_strategy(run.cp, rank, world, self.device, run.sdpa_backend, run.rotate, mesh=cp_mesh)
-        apply_cp(self.model, self.strategy, self.timer)
-        if run.split_conditioning:
-            split_conditioning(self.model, self.strategy)
-        if run.compile:  # the attention processor (and its collectives) is traced with the blocks
-            mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
-            scope = [self.model] if run.compile_scope == "model" else [*self.model.double_blocks,
-                                                                        *self.model.single_blocks]
-            for m in scope:
-                m.compile(mode=mode, backend=run.compile_backend)
-        self.split = (rank, world)  # this rank's place in its CP group (a simulated rank's too: its fake group)
-        # Each rank's RoPE angles: its own text and image tokens' positions, in [text, image] order.
-        txt = shard(text_ids(data.text_tokens), 0, *self.split)
-        img = shard(image_ids(data.image_height, data.image_width), 0, *self.split)
-        dtype = torch.promote_types(DTYPES[run.precision], torch.float32)  # fp32 under bf16, fp64 in fp64 runs
-        self.rope = self.model.rope(txt.to(self.device), img.to(self.device), dtype)  # (cos, sin), (S_l, head_dim)
+        self.step = FluxStep(self.cfg, self.model, self.device, cp_mesh, self.timer)
 
     # Host clock stamps around Lightning's copy of the batch to the device (the timing callback's data_ms, transfer_ms)
     def on_before_batch_transfer(self, batch, dataloader_idx):
@@ -108,26 +84,11 @@ class FluxCPModule(L.LightningModule):
         return out
 
     def _step(self, batch, batch_idx):
-        opt = self.optimizers()
-        # Before the forward: FSDP2 leaves the root unit unsharded after it, where a model.zero_grad would clear the
-        # unsharded copies and the sharded grads (AdamW's) would sum over steps. ZeRO's param_groups hold every param.
-        opt.zero_grad(set_to_none=True)
-        x, target, text = (shard(batch[k], 1, *self.split) for k in ("x_t", "target", "text"))  # (B, S/W, .)
-        with self.strategy.step_context():
-            pred = self.model(x, text, batch["pooled"], batch["t"], self.rope)
-            # Mean over local image tokens of this rank's samples. Every rank holds the same number of tokens
-            # (equal sequence shards of equally many samples), so the mean of the dp x cp local losses is the
-            # global mean, and averaging gradients over all dp x cp ranks (DDP all-reduce, FSDP reduce-scatter)
-            # gives the gradient of the global loss. In fp32 at least (bf16 runs), fp64 in fp64 runs.
-            dtype = torch.promote_types(pred.dtype, torch.float32)
-            loss = F.mse_loss(pred.to(dtype), target.to(dtype))
-            self.timer.mark("forward_end")
-            self.manual_backward(loss)
-            self.timer.mark("backward_end")  # DDP's bucket all-reduces are consumed here (the reducer waits)
-        opt.step()
+        # the module itself: Lightning's DDP wrapper is around training_step already
+        loss = self.step(self.model, self.optimizers(), batch, backward=self.manual_backward)
         if self.cfg.run.dump_grads and batch_idx == 0:
             self._dump_grads()
-        return {"loss": loss.detach()}
+        return {"loss": loss}
 
     def on_train_end(self):
         if self.cfg.run.dump_params:

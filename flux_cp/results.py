@@ -23,9 +23,15 @@ OPS_ROW = ("op", "seq_len", "world", "simulated", "cp", "method", "graph", "sdpa
 
 
 def env_info(device=None) -> dict:
-    import diffusers
-    import lightning
+    from importlib.metadata import PackageNotFoundError, version
+
     import torch
+
+    def pkg(name):  # the installed version, without importing it (Lightning's import is seconds of a bare run)
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
 
     if device is not None and getattr(device, "type", device) == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -33,13 +39,88 @@ def env_info(device=None) -> dict:
         name = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
     return {
         "torch": torch.__version__,
-        "lightning": lightning.__version__,
-        "diffusers": diffusers.__version__,
+        "lightning": pkg("lightning"),
+        "diffusers": pkg("diffusers"),
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "device": name,
         "hostname": socket.gethostname(),
     }
+
+
+def train_header(cfg, params: int) -> dict:
+    """summary.json's fields that describe a training run (either harness) before it measures anything."""
+    from flux_cp.config import run_name
+
+    run = cfg.run
+    return {
+        "mode": "train",
+        "run_name": run_name(cfg),
+        "group": run.group,
+        # lightning: the Trainer and this tool's callbacks; bare: the same step in a plain loop (flux_cp/bare.py)
+        "harness": run.harness,
+        "world_size": run.world_size,
+        "cp": run.cp,
+        "dp": run.dp,
+        "cp_degree": run.cp_degree,
+        "num_nodes": run.num_nodes,
+        # fsdp: the step also holds per-block param all-gathers and grad reduce-scatters; zero: a param broadcast
+        "weights": run.weights,
+        "config": cfg.to_dict(),
+        "env": env_info("cuda" if run.accelerator == "gpu" else "cpu"),
+        "params": params,
+        "tokens_per_rank": cfg.data.seq_len // run.cp_degree,
+        # fake: torch's fake process group, collectives move nothing (rank `simulate.rank` of a W-rank job)
+        "collectives": "fake" if run.simulate_world else "real",
+        "simulate": {"world": run.simulate_world, "rank": run.simulate_rank} if run.simulate_world else None,
+        "simulate_world": run.simulate_world,
+        "compile": {"enabled": run.compile, "mode": run.compile_mode if run.compile else None,
+                    "backend": run.compile_backend if run.compile else None,
+                    "scope": run.compile_scope if run.compile else None},
+        # regions would split compiled graphs: off under --compile; the bare loop has none
+        "op_regions": run.timing and not run.compile and run.harness == "lightning",
+    }
+
+
+def process_start_time() -> float:
+    """When this process started (epoch seconds): a run's start-up is interpreter, imports and set-up."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+def wall_split(t0: float, start: float, warm: float, end: float, done: float) -> dict:
+    """summary.json's wall_s: start-up (process start -> first step), warm-up, measured steps, teardown (last step
+    -> the final summary), from epoch-second stamps."""
+    parts = {"startup": start - t0, "warmup": warm - start, "measured": end - warm, "teardown": done - end}
+    return {k: round(v, 3) for k, v in parts.items()} | {"total": round(done - t0, 3)}
+
+
+def steadiness(values: list[float], rel_gap: float = 0.1) -> dict:
+    """How far a step-time median can be trusted: its 95% confidence interval (order statistics), the interquartile
+    spread, drift (second half's median against the first's: a warm-up too short) and whether the steps fall into
+    two modes (a gap wider than rel_gap x median between two groups of >= 20% of the steps each: then one median
+    describes neither, and both modes are given)."""
+    import math
+
+    s, n = sorted(values), len(values)
+    med = statistics.median(s)
+    k = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)))  # rank of the CI's lower end: n/2 - 1.96 sqrt(n)/2
+    q = statistics.quantiles(s, n=4) if n >= 2 else [s[0]] * 3
+    half = n // 2
+    drift = 100 * (statistics.median(values[half:]) / statistics.median(values[:half]) - 1) if half else 0.0
+    out = {"n": n, "median": med, "ci95": [s[k], s[n - 1 - k]], "iqr_pct": 100 * (q[2] - q[0]) / med,
+           "drift_pct": drift}
+    side = max(2, math.ceil(0.2 * n))
+    gaps = [(s[i] - s[i - 1], i) for i in range(side, n - side + 1)]
+    gap, i = max(gaps, default=(0.0, 0))
+    modes = None
+    if gap > rel_gap * med:
+        modes = [{"median": statistics.median(part), "n": len(part)} for part in (s[:i], s[i:])]
+    out["modes"] = modes
+    problems = (["bimodal"] if modes else []) + (["drift"] if abs(out["drift_pct"]) > 5 else []) + (
+        ["wide"] if (out["ci95"][1] - out["ci95"][0]) > 0.05 * med else [])
+    return out | {"steady": not problems, "problems": problems}
 
 
 def stats(values: list[float]) -> dict:
@@ -117,6 +198,8 @@ class RunSummary:
                     f["events_measured_ms"] = statistics.median(vals)
                     f["diff_measured_pct"] = 100 * (f["events_measured_ms"] / f["kernels_ms"] - 1)
             d["profile"] = {**d["profile"], "fidelity": fid}
+        if len(self.per_step.get("step_ms", [])) >= 2:
+            d["steadiness"] = steadiness(self.per_step["step_ms"])
         if "compile" in d and "compile_s" in derived and d["compile"].get("enabled"):
             d["compile"] = {**d["compile"], "compile_s": derived["compile_s"]}
         d["per_step"] = self.per_step

@@ -7,12 +7,11 @@ Lightning's own strategy code. The step's compute is rank r's; its communication
 backend (COMM_MODE=fake_backend). Values are not meaningful: summary.json says `"collectives": "fake"`.
 
     init_fake_world(8, rank=0)                       # before the Trainer
-    Trainer(devices=1, plugins=[SimulatedEnvironment(8, 0)], strategy=DDPStrategy(...))
+    Trainer(devices=1, plugins=[SimulatedEnvironment(8, 0)], strategy=DDPStrategy(...))   # flux_cp/strategies.py
 """
 
 import torch
 import torch.distributed as dist
-from lightning.fabric.plugins.environments import ClusterEnvironment
 
 
 def init_fake_world(world: int, rank: int = 0) -> None:
@@ -27,49 +26,6 @@ def init_fake_world(world: int, rank: int = 0) -> None:
 
 def is_fake() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"
-
-
-class SimulatedEnvironment(ClusterEnvironment):
-    """Lightning's view of a simulated rank: a W-rank job of which this process (started by the user, not by
-    Lightning) is global rank r, on local device 0. Lightning then runs its real DDP / ModelParallel strategy
-    code; it finds the process group made already and keeps it."""
-
-    def __init__(self, world: int, rank: int):
-        self._world, self._rank = world, rank
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True  # Lightning must not launch the other W - 1 ranks
-
-    @property
-    def main_address(self) -> str:
-        return "127.0.0.1"
-
-    @property
-    def main_port(self) -> int:
-        return 0
-
-    @staticmethod
-    def detect() -> bool:
-        return False
-
-    def world_size(self) -> int:
-        return self._world
-
-    def set_world_size(self, size: int) -> None:
-        pass  # Lightning sets devices x nodes (1): the simulated job's size stays W
-
-    def global_rank(self) -> int:
-        return self._rank
-
-    def set_global_rank(self, rank: int) -> None:
-        pass
-
-    def local_rank(self) -> int:
-        return 0
-
-    def node_rank(self) -> int:
-        return 0
 
 
 def allreduce_hook(group, bucket) -> torch.futures.Future[torch.Tensor]:  # DDP checks this annotation

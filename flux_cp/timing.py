@@ -9,10 +9,12 @@ autograd markers that record an event when the gradient crosses the region's bou
 On CUDA every boundary is a CUDA event recorded on the current stream (the autograd engine
 runs backward on the forward stream), so a region's figure is the device time between its
 boundaries, idle gaps included: under a host-bound step a region stretches to the host's pace.
-Nothing synchronises inside the step, nor between steps: `StepTimer.read(step)` waits for a step's
-last event while the next step is already issued, so the device never drains for the timer's sake
-(a per-step synchronize would add the host's step prologue to every step as idle time). On CPU the
-same boundaries are perf_counter readings (ops run synchronously there).
+Nothing synchronises inside the step, nor between steps: each step keeps its own events until it is
+read, `StepTimer.ready(step)` asks (`Event.query()`, no wait) whether its last event has passed, and
+only a read after the loop may wait (`read(step, wait=True)`). So the host never waits for the
+device for the timer's sake: where the host issues a step about as fast as the device runs it (CP at
+W >= 2), any such wait would be step time. On CPU the same boundaries are perf_counter readings (ops
+run synchronously there: always ready).
 
 Under `torch` CP the SDPA region is the whole ring: every chunk's kernel, the LSE merges and the
 part of the K/V rotation the kernels could not hide. With `annotate` on (profiling), each region
@@ -183,15 +185,16 @@ class _NoCall:
 class StepTimer:
     """Collects the regions of one step, plus the step's own start/end boundaries.
 
-    Two steps can be in flight: the one running and the one finished but not read yet (the callback
-    reads a step while the next one runs, so reading never drains the device's queue).
+    Any number of steps can be finished and not read yet: each step records on a clock (an event pool) of its own,
+    which goes back to the free list once the step is read.
     """
 
     def __init__(self, cuda: bool, enabled: bool = True, ledger=None):
         self.cuda = cuda
         self.ledger = ledger  # flux_cp.ledger.CommLedger: the step's collectives, on the step's clock
-        self._spare = _Clock(cuda)  # two clocks, swapped per step: a finished step's events stay valid until read
+        self._free: list[_Clock] = []  # clocks of steps already read
         self.clock = _Clock(cuda)
+        self.waits = 0  # reads that had to wait for the device (read(step, wait=True) of a step not yet done)
         self.enabled = enabled  # op regions; the step boundaries are always recorded
         self.annotate = False  # profiler ranges around the regions (set while profiling)
         self._regions_on = False  # this step's regions
@@ -208,7 +211,7 @@ class StepTimer:
     def start_step(self, regions: bool = True, probe_ms: float = 0.0):
         """Open a step. regions: time the op regions in it. probe_ms > 0 (CUDA): hold the stream that
         long before the step's first boundary, so the host runs ahead and the step shows busy time."""
-        self.clock, self._spare = self._spare, self.clock
+        self.clock = self._free.pop() if self._free else _Clock(self.cuda)
         self.clock.reset()
         self._calls = []
         self._regions_on = self.enabled and regions
@@ -229,7 +232,7 @@ class StepTimer:
         loss: handed to the host with the step (step["loss"]). On CUDA it is copied asynchronously to pinned
         memory right after the step's last boundary: a D2H copy is stream-ordered, so a later `.item()` on the
         device tensor would wait for every kernel issued since, draining the device at every step."""
-        step = self._step | {"dev1": self.clock.stamp(), "calls": self._calls}
+        step = self._step | {"dev1": self.clock.stamp(), "calls": self._calls, "clock": self.clock}
         if self.ledger is not None:
             step["comm"] = self.ledger.stop()
         if loss is not None:
@@ -241,21 +244,26 @@ class StepTimer:
         self._step, self._calls, self._regions_on = {}, [], False
         return step
 
-    def read(self, step: dict) -> dict[str, float]:
-        """Wait for the step's last boundary (not for the stream: a later step may be running) and turn its
-        boundaries into milliseconds.
+    def ready(self, step: dict) -> bool:
+        """Whether the step's last event has passed (never waits)."""
+        return not self.cuda or step.get("ready", step["dev1"]).query()
 
-        Returns `step_ms`, `host_ms`, `host_wait_ms` (how long the host waited here: ~0 when the host, not
-        the device, sets the pace), `loss` (when end_step was given one), and per region `<name>_fwd_ms` /
+    def read(self, step: dict, wait: bool = False) -> dict[str, float]:
+        """The step's boundaries in milliseconds. Only with wait=True may it wait for the step's last event (after
+        the loop); inside it, read only steps that are ready(). Its clock is then free for a later step.
+
+        Returns `step_ms`, `host_ms`, `loss` (when end_step was given one), and per region `<name>_fwd_ms` /
         `<name>_bwd_ms` (summed over calls) with `<name>_fwd_call_ms` / `<name>_bwd_call_ms` (mean per call);
         with a ledger, `comm`: the step's collectives and phase ends in ms from its start (not a figure).
         """
-        t0 = time.perf_counter()
-        if self.cuda:
-            step.get("ready", step["dev1"]).synchronize()  # the callback reads under sync_allowed
-        ms = self.clock.ms  # same conversion for either clock
-        out = {"step_ms": ms(step["dev0"], step["dev1"]), "host_ms": (step["host1"] - step["host0"]) * 1e3,
-               "host_wait_ms": (time.perf_counter() - t0) * 1e3}
+        if not self.ready(step):
+            if not wait:
+                raise RuntimeError("StepTimer.read: the step's events have not all passed (check ready(), or wait)")
+            self.waits += 1
+            step.get("ready", step["dev1"]).synchronize()  # callers wait under sync_allowed
+        clock = step["clock"]
+        ms = clock.ms
+        out = {"step_ms": ms(step["dev0"], step["dev1"]), "host_ms": (step["host1"] - step["host0"]) * 1e3}
         if "loss" in step:
             out["loss"] = step["loss"].item()  # a host tensor by now: no wait
         if "comm" in step:
@@ -273,4 +281,6 @@ class StepTimer:
         for key, vals in per.items():
             out[f"{key}_ms"] = sum(vals)
             out[f"{key}_call_ms"] = sum(vals) / len(vals)
+        if clock is not self.clock or not self._step:  # a running step's clock stays its own
+            self._free.append(clock)
         return out

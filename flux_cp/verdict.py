@@ -4,7 +4,8 @@
     next: python scripts/report.py runs
 
 The baseline is the newest complete W=1 `--cp none` training run with the same model, data, precision, compile
-setting and device, found under the runs folder (scripts/report.py reconciles every W in full).
+setting and device, found under the runs folder (scripts/report.py reconciles every W in full), timed in the same
+harness (Lightning or the bare loop) when there is one, else in the other, which the line says.
 """
 
 import json
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 
 from flux_cp.config import CPU_DEFAULT, GPU_DEFAULT
+from flux_cp.report.runs import harness
 
 NOISY = 0.25  # (max - min) / median of step_ms above this: the min-max range is shown
 
@@ -26,7 +28,8 @@ def _key(d: dict):
 
 
 def find_baseline(d: dict, roots: list[Path]) -> tuple[Path, dict] | None:
-    best = None
+    """The newest baseline of d's harness, else the newest of the other (the harness's cost is in every step)."""
+    best: dict[str, tuple] = {}  # harness -> (mtime, folder, summary)
     for root in roots:
         for p in Path(root).rglob("summary.json"):
             try:
@@ -34,12 +37,13 @@ def find_baseline(d: dict, roots: list[Path]) -> tuple[Path, dict] | None:
                 ok = b.get("complete") and b.get("mode") == "train" and world(b) == 1 and b["cp"] == "none"
                 ok = ok and not (b.get("simulate") or b.get("simulate_world"))
                 if ok and _key(b) == _key(d) and "step_ms" in b["metrics"]:
-                    mtime = p.stat().st_mtime
-                    if best is None or mtime > best[0]:
-                        best = (mtime, p.parent, b)
+                    mtime, h = p.stat().st_mtime, harness(b)
+                    if h not in best or mtime > best[h][0]:
+                        best[h] = (mtime, p.parent, b)
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-    return best[1:] if best else None
+    found = best.get(harness(d)) or max(best.values(), key=lambda x: x[0], default=None)
+    return found[1:] if found else None
 
 
 def _ms(x: float) -> str:
@@ -55,21 +59,25 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     cf = d["config"].get("config_file")
     if cf and Path(cf).resolve() not in (CPU_DEFAULT, GPU_DEFAULT):  # else: the default here, left out
         rel = os.path.relpath(cf)
-        config = f" --config {cf if rel.startswith('..') else rel}"
+        flags = f" --config {cf if rel.startswith('..') else rel}"
     else:
-        config = ""
+        flags = ""
+    if harness(d) == "bare":  # the next runs in the same loop, to be compared with this one
+        flags += " --harness bare"
     if w == 1 and d["cp"] == "none":
         line += " (the W=1 baseline)"
-        nxt = f"python scripts/train_bench.py{config} --devices 2   (or --simulate-world 2 on one device)"
+        nxt = f"python scripts/train_bench.py{flags} --devices 2   (or --simulate-world 2 on one device)"
     elif base := find_baseline(d, roots):
         path, b = base
         line += f", {b['metrics']['step_ms']['median'] / m['median']:.2f}x vs {path} (W=1)"
+        if harness(b) != harness(d):  # the harnesses' difference is in the ratio
+            line += f", a {harness(b)} run: no {harness(d)} W=1 baseline yet"
         if simulated:  # its collectives took no time: scripts/report.py prices and places them
             line += ", compute only"
         nxt = f"python scripts/report.py {roots[0]}"
     else:
         line += ", no W=1 baseline with this config yet"
-        nxt = f"python scripts/train_bench.py{config} --devices 1 --cp none   (the baseline)"
+        nxt = f"python scripts/train_bench.py{flags} --devices 1 --cp none   (the baseline)"
     if m["median"] > 0 and (m["max"] - m["min"]) / m["median"] > NOISY:
         line += f", noisy: {_ms(m['min'])}-{_ms(m['max'])} ms"
     return line, f"next: {nxt}"

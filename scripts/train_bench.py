@@ -12,6 +12,7 @@ needs --overwrite, flux_cp/outputs.py) and, unless --wandb-mode disabled, an off
 
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -56,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     if is_launcher_process() and not any(a == "--config" or a.startswith("--config=") for a in given):
         where = "a GPU is visible" if cfg.run.accelerator == "gpu" else "no GPU found: a tiny CPU config"
         print(f"train_bench.py: {where}, using {cfg.config_file} (choose with --config)", file=sys.stderr)
+    if cfg.run.harness == "bare":  # no Lightning imported: its start-up is not the bare loop's
+        from flux_cp.bare import run_bare
+
+        return run_bare(cfg, report=print_summary)
     import logging
 
     import lightning  # noqa: F401  (it sets its loggers' level on import: lowered after)
@@ -79,6 +84,7 @@ def train(cfg) -> int:
         KernelProfileCallback,
         OpTimingCallback,
         ResilientWandbLogger,
+        SigtermEveryCallback,
         StepProgressBar,
         SyncDebugCallback,
     )
@@ -92,10 +98,10 @@ def train(cfg) -> int:
         kill_tree,
         out_of_space,
     )
-    from flux_cp.mesh import lightning_precision, lightning_strategy
     from flux_cp.model import num_params
     from flux_cp.module import FluxCPModule
-    from flux_cp.results import ERROR_FILE_PREFIX, env_info, read_errors, write_json_atomic
+    from flux_cp.results import ERROR_FILE_PREFIX, read_errors, train_header, wall_split, write_json_atomic
+    from flux_cp.strategies import lightning_precision, lightning_strategy
 
     run = cfg.run
     name = run_name(cfg)
@@ -108,36 +114,14 @@ def train(cfg) -> int:
     module = FluxCPModule(cfg)
     plugins = []
     if run.simulate_world:  # this process is one rank of a W-rank job over torch's fake process group
-        from flux_cp.simulate import SimulatedEnvironment, init_fake_world
+        from flux_cp.simulate import init_fake_world
+        from flux_cp.strategies import SimulatedEnvironment
 
         init_fake_world(run.simulate_world, run.simulate_rank)
         plugins.append(SimulatedEnvironment(run.simulate_world, run.simulate_rank))
     # DDP or FSDP2 (ModelParallelStrategy) over the dp x cp ranks, real or simulated
     strategy = lightning_strategy(run)
-    header = {
-        "mode": "train",
-        "run_name": name,
-        "group": run.group,
-        "world_size": run.world_size,
-        "cp": run.cp,
-        "dp": run.dp,
-        "cp_degree": run.cp_degree,
-        "num_nodes": run.num_nodes,
-        # fsdp: the step also holds per-block param all-gathers and grad reduce-scatters; zero: a param broadcast
-        "weights": run.weights,
-        "config": cfg.to_dict(),
-        "env": env_info("cuda" if run.accelerator == "gpu" else "cpu"),
-        "params": num_params(module.model),
-        "tokens_per_rank": cfg.data.seq_len // run.cp_degree,
-        # fake: torch's fake process group, collectives move nothing (rank `simulate.rank` of a W-rank job)
-        "collectives": "fake" if run.simulate_world else "real",
-        "simulate": {"world": run.simulate_world, "rank": run.simulate_rank} if run.simulate_world else None,
-        "simulate_world": run.simulate_world,
-        "compile": {"enabled": run.compile, "mode": run.compile_mode if run.compile else None,
-                    "backend": run.compile_backend if run.compile else None,
-                    "scope": run.compile_scope if run.compile else None},
-        "op_regions": run.timing and not run.compile,  # regions would split compiled graphs: off under --compile
-    }
+    header = train_header(cfg, num_params(module.model))
     profile_steps = run.profile_steps if run.profile else 0  # extra steps after warm-up, out of the statistics
     timing = OpTimingCallback(
         out / "summary.json",
@@ -149,7 +133,8 @@ def train(cfg) -> int:
         report_rank=run.simulate_rank if run.simulate_world else 0,
     )
     bar = sys.stderr.isatty() and sys.stdout.isatty()  # a live bar in a log file is control codes
-    callbacks = [timing, GuardCallback(watchdog, out)] + ([StepProgressBar(timing.skip, run.steps)] if bar else [])
+    callbacks = [timing, GuardCallback(watchdog, out), SigtermEveryCallback(run.sigterm_every, timing.summary.header)]
+    callbacks += [StepProgressBar(timing.skip, run.steps)] if bar else []
     if run.sync_debug:  # first: its figures are in the summary the timing callback writes at the end
         callbacks.insert(0, SyncDebugCallback(timing, run.warmup_steps + profile_steps))
     if run.gc_every:
@@ -213,6 +198,10 @@ def train(cfg) -> int:
         return EXIT_CODES[kind]
     watchdog.stop()
     if trainer.global_rank == timing.report_rank:
+        w = timing.wall  # teardown: Lightning's strategy and logger after the last step
+        timing.summary.header["wall_s"] = wall_split(w["process"], w["start"], w.get("warm", w["start"]), w["end"],
+                                                     time.time())
+        timing.summary.write(complete=True)
         print_summary(timing.summary.to_dict(complete=True), out / "summary.json")
         if logger and logger.failed:
             print(f"train_bench.py: wandb failed ({logger.failed}); summary.json is complete", file=sys.stderr)
@@ -226,7 +215,7 @@ def print_summary(d: dict, path: Path) -> None:
     table = Table(title=f"{d['run_name']}  ({d['env']['device']}, {d['metrics'].get('step_ms', {}).get('n', 0)} steps)")
     for col in ("metric", "median", "min", "max", "rank max (median)"):
         table.add_column(col, justify="right" if col != "metric" else "left")
-    first = ["step_ms", "host_ms", "device_busy_ms", "loop_ms", "host_wait_ms", "data_ms", "transfer_ms",
+    first = ["step_ms", "host_ms", "device_busy_ms", "loop_ms", "data_ms", "transfer_ms",
              "prologue_ms", "after_ms", "gc_ms", "step_untimed_ms"]  # the step, then its parts
 
     def order(name: str):
@@ -245,6 +234,15 @@ def print_summary(d: dict, path: Path) -> None:
         if "loop_idle_frac" in d["idle"]:
             loop = 100 * d["idle"]["loop_idle_frac"]
             notes.append(f"device idle {loop:.1f}% of the loop's period (gaps between steps too)")
+    if st := d.get("steadiness"):
+        lo, hi = st["ci95"]
+        line = f"step median {st['median']:.3f} ms (95% CI {lo:.3f}-{hi:.3f}, {st['n']} steps)"
+        if st["modes"]:
+            line += ", bimodal: " + ", ".join(f"{m['median']:.3f} ms x {m['n']}" for m in st["modes"])
+        notes.append(line + ("" if st["steady"] else f"; not steady ({', '.join(st['problems'])})"))
+    if w := d.get("wall_s"):
+        notes.append(f"wall time {w['total']:.1f} s: start-up {w['startup']:.1f}, warm-up {w['warmup']:.1f}, "
+                     f"measured {w['measured']:.1f}, teardown {w['teardown']:.1f}")
     if "timing_overhead_pct" in d:
         notes.append(f"instrumentation overhead {d['timing_overhead_pct']:+.2f}% (alternating steps)")
     if d.get("compile", {}).get("compile_s") is not None:

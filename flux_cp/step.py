@@ -1,0 +1,97 @@
+"""One Flux training step under a CP strategy, with no harness around it.
+
+The Lightning module (flux_cp/module.py) and the bare loop (flux_cp/bare.py) both run this object, so the two
+harnesses time the same code and their losses agree step for step:
+
+    step = FluxStep(cfg, model, device, cp_mesh, timer)    # strategy installed, compiled, RoPE angles made
+    loss = step(model_or_ddp, optimizer, batch, backward)   # zero_grad, forward, loss, backward, optimizer step
+"""
+
+import contextlib
+import os
+
+import torch
+import torch.nn.functional as F
+
+from flux_cp.config import BenchConfig
+from flux_cp.data import DTYPES
+from flux_cp.model import FluxDiT, image_ids, text_ids
+from flux_cp.parallel import apply_cp, make_strategy, shard, split_conditioning
+from flux_cp.timing import StepTimer
+
+
+def init_device(accelerator: str) -> torch.device:
+    """Where the weights are drawn: on the GPU the run trains on (LOCAL_RANK, set by Lightning's launcher, torchrun and
+    the bare launcher), since the CPU's serial RNG takes ~15 s per run for Flux.1-sized blocks."""
+    if accelerator == "gpu" and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def build_model(cfg: BenchConfig) -> FluxDiT:
+    """The same random init at every world size, strategy and harness (per device type), in fp32: the harness casts
+    it to the run's precision."""
+    torch.manual_seed(cfg.data.seed)
+    with torch.device(init_device(cfg.run.accelerator)):
+        return FluxDiT(cfg.model)
+
+
+def compile_model(model: FluxDiT, run) -> None:
+    """torch.compile each block (torchtitan's way) or the whole model; the attention processor and its collectives
+    are traced with them."""
+    mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
+    scope = [model] if run.compile_scope == "model" else [*model.double_blocks, *model.single_blocks]
+    for m in scope:
+        m.compile(mode=mode, backend=run.compile_backend)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Tensors made without a dtype inside the step take the run's (what Lightning's bf16-true and 64-true
+    precision plugins do around training_step), so both harnesses compute alike."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+class FluxStep:
+    def __init__(self, cfg: BenchConfig, model: FluxDiT, device: torch.device, cp_mesh, timer: StepTimer):
+        run, data = cfg.run, cfg.data
+        rank, world = (cp_mesh.get_local_rank(), cp_mesh.size()) if cp_mesh is not None else (0, 1)  # in the CP group
+        self.timer = timer
+        self.strategy = make_strategy(run.cp, rank, world, device, run.sdpa_backend, run.rotate, mesh=cp_mesh)
+        apply_cp(model, self.strategy, timer)
+        if run.split_conditioning:
+            split_conditioning(model, self.strategy)
+        if run.compile:
+            compile_model(model, run)
+        self.split = (rank, world)  # this rank's place in its CP group (a simulated rank's too: its fake group)
+        # Each rank's RoPE angles: its own text and image tokens' positions, in [text, image] order.
+        txt = shard(text_ids(data.text_tokens), 0, *self.split)
+        img = shard(image_ids(data.image_height, data.image_width), 0, *self.split)
+        dtype = torch.promote_types(DTYPES[run.precision], torch.float32)  # fp32 under bf16, fp64 in fp64 runs
+        self.rope = model.rope(txt.to(device), img.to(device), dtype)  # (cos, sin), (S_l, head_dim)
+
+    def __call__(self, model, opt, batch: dict, backward=torch.Tensor.backward) -> torch.Tensor:
+        """One optimizer step on this rank's shard of `batch`; returns the local loss (detached, on the device).
+        model: what the forward calls (the DDP wrapper in the bare loop, the module itself under Lightning)."""
+        # Before the forward: FSDP2 leaves the root unit unsharded after it, where a model.zero_grad would clear the
+        # unsharded copies and the sharded grads (AdamW's) would sum over steps. ZeRO's param_groups hold every param.
+        opt.zero_grad(set_to_none=True)
+        x, target, text = (shard(batch[k], 1, *self.split) for k in ("x_t", "target", "text"))  # (B, S/W, .)
+        with self.strategy.step_context():
+            pred = model(x, text, batch["pooled"], batch["t"], self.rope)
+            # Mean over local image tokens of this rank's samples. Every rank holds the same number of tokens
+            # (equal sequence shards of equally many samples), so the mean of the dp x cp local losses is the
+            # global mean, and averaging gradients over all dp x cp ranks (DDP all-reduce, FSDP reduce-scatter)
+            # gives the gradient of the global loss. In fp32 at least (bf16 runs), fp64 in fp64 runs.
+            dtype = torch.promote_types(pred.dtype, torch.float32)
+            loss = F.mse_loss(pred.to(dtype), target.to(dtype))
+            self.timer.mark("forward_end")
+            backward(loss)
+            self.timer.mark("backward_end")  # DDP's bucket all-reduces are consumed here (the reducer waits)
+        opt.step()
+        return loss.detach()
