@@ -157,3 +157,34 @@ def test_ops_only_simulated_worlds_on_cuda(tmp_path):
     d = _gpu_run(tmp_path, "--ops-only", "--cp", "torch", "--simulate-world", "1,2", "--seq-lens", 144,
                  "--precision", "bf16-true", "--reps", 5)
     assert {(r["op"], r["world"]) for r in d["ops"]} >= {("gemm_peak", 1), ("sdpa_fwd", 1), ("sdpa_fwd", 2)}
+
+
+def test_timer_reads_a_running_step_only_by_waiting():
+    """StepTimer.ready() asks the step's last event without waiting; read() refuses a step the device has not
+    finished unless told to wait (after the loop), and counts that wait."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from flux_cp.timing import StepTimer, hold_stream
+
+    t = StepTimer(cuda=True, enabled=False)
+    t.start_step(regions=False)
+    hold_stream(50.0)  # the device is busy for ~50 ms after the host has moved on
+    step = t.end_step(torch.ones((), device="cuda"))
+    assert not t.ready(step)
+    with pytest.raises(RuntimeError, match="not all passed"):
+        t.read(step)
+    f = t.read(step, wait=True)
+    assert t.waits == 1 and f["step_ms"] >= 40 and f["loss"] == 1.0
+
+
+def test_bare_and_lightning_train_alike_on_cuda(tmp_path):
+    """torch's ring at world size 1 (a process group of one, DDP), fp32: the bare loop's losses are the Lightning
+    run's, and the Lightning run read its steps without waiting inside the loop."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    args = ("--cp", "torch", "--precision", "32-true", "--steps", 5, "--warmup-steps", 2)
+    lit = _gpu_run(tmp_path / "lightning", *args)
+    bare = _gpu_run(tmp_path / "bare", *args, "--harness", "bare")
+    assert (lit["harness"], bare["harness"]) == ("lightning", "bare")
+    torch.testing.assert_close(torch.tensor(bare["loss"]), torch.tensor(lit["loss"]), rtol=1e-5, atol=0)
+    assert lit["reads"]["waited_in_loop"] == 0 and lit["wall_s"]["teardown"] < 5

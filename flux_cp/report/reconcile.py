@@ -14,7 +14,8 @@ USER_SPEEDUP = 1.66  # measured by the user from 1 to 2 GPUs
 TARGETS = {2: 1.85, 8: 5.0}  # the best configuration's speedup, predicted end to end (issue 18)
 USER_KEY = {"seq_len": 4608, "batch": 1, "compile": "off", "weights": "ddp"}
 WATERFALL = ("ideal (W=1 step / W)", "attention chunking", "host-bound", "non-scaling compute", "exposed comm")
-SAME = ("device", "heads", "head_dim", "mlp_ratio", "blocks", "seq_len", "batch", "precision")  # compile, weights vary
+# compile and weights vary; the harness never does (a bare loop's speedup is not a Lightning step's)
+SAME = ("device", "heads", "head_dim", "mlp_ratio", "blocks", "seq_len", "batch", "precision", "harness")
 
 
 def _family(c: Config) -> str:  # the strategy without "simulated": a simulated rank and real runs of one strategy
@@ -23,10 +24,10 @@ def _family(c: Config) -> str:  # the strategy without "simulated": a simulated 
 
 def _user_configs(configs: list[Config], user: str) -> tuple[list[Config], str | None]:
     """The user's strategy's configurations (simulated and real) with the user's settings, else the closest."""
-    def score(c: Config) -> tuple:
+    def score(c: Config) -> tuple:  # the user trains under Lightning: a bare loop's runs only when there is no other
         k = c.key
-        return (sum(k.get(x) == v for x, v in USER_KEY.items()) + str(k["precision"]).startswith("bf16"),
-                len(c.rows))
+        return (k.get("harness") != "bare",
+                sum(k.get(x) == v for x, v in USER_KEY.items()) + str(k["precision"]).startswith("bf16"), len(c.rows))
 
     usable = [c for c in configs if c.baseline is not None and any(r.W > 1 for r in c.rows)]
     mine = [c for c in usable if _family(c) == user]

@@ -88,6 +88,50 @@ def tables(c: Config) -> list[tuple[str, list[str], list[list[str]]]]:
 KERNEL_CLASSES = ("attention", "gemm", "other", "optimizer", "busy")
 
 
+def _against_target(h: dict, target: float) -> str:
+    """Over or under the target, and whether the steps' spread lets the difference count."""
+    if h["overhead_pct"] is None:
+        return "-"
+    side = "under" if h["within_target"] else "over"
+    return f"{side} {target:g}%" + (" (noisy: not significant)" if h["noisy"] else "")
+
+
+def harness_table(report: Report) -> tuple[str, list[str], list[list[str]]]:
+    """(title, header, rows): each Lightning row's step against its bare twin's."""
+    h = report.harness or {"rows": [], "target_pct": None}
+    hdr = ["config", "strategy", "W", "Lightning step ms", "bare step ms", "overhead", "spread ms", "target",
+           "loop overhead", "Lightning run", "bare run"]
+    rows = [[", ".join(r["configs"]), r["strategy"], str(r["W"]), _f(r["lightning_step_ms"]), _f(r["bare_step_ms"]),
+             "-" if r["overhead_pct"] is None else f"{r['overhead_pct']:+.1f}%",
+             f"{_f(r['noise']['spread_ms'], 2)} {r['noise']['kind']}", _against_target(r, h["target_pct"]),
+             "-" if r["loop_overhead_pct"] is None else f"{r['loop_overhead_pct']:+.1f}%",
+             _rel(report, r["lightning_run"]), _rel(report, r["bare_run"])] for r in h["rows"]]
+    return "Harness overhead against the bare loop", hdr, rows
+
+
+def _rel(report: Report, path: str) -> str:  # every run was found under the root
+    return str(Path(path).relative_to(report.root))
+
+
+def harness_md(report: Report) -> list[str]:
+    """The section, when there are bare-loop runs: the table, then the bare runs no Lightning row matched."""
+    h = report.harness
+    if not h or not (h["rows"] or h["unmatched_bare"]):
+        return []
+    title, hdr, rows = harness_table(report)
+    out = [f"## {title}", "",
+           f"Overhead = Lightning step median / bare step median - 1, against the issue's target of <= "
+           f"{h['target_pct']:g}% at every W. The twin: the latest `--harness bare` run with the same device, model, "
+           "data and run settings but bookkeeping (harness, loader, workers, SIGTERM check, timing and profiling, "
+           "output, steps). A Lightning run with `--timing` on carries its op-region events; the bare loop has none.",
+           ""]
+    out += [_md_table(hdr, rows), ""] if rows else ["No Lightning row has a bare twin.", ""]
+    if h["unmatched_bare"]:
+        out += ["Bare runs with no Lightning twin among the rows: " + ", ".join(
+            f"{_rel(report, u['path'])} (W={u['W']})" for u in h["unmatched_bare"]) + ".", ""]
+    return out
+
+
 
 def _md_table(hdr, rows) -> str:
     esc = [[str(x).replace("|", "\\|") for x in row] for row in [hdr, *rows]]
@@ -151,6 +195,7 @@ def reconcile_md(rec: dict | None, figs: list[Path]) -> list[str]:
 def render_md(report: Report, figs: dict[str, list[Path]]) -> str:
     out = ["# flux-cp report", "", *[p + "\n" for p in _intro(report)]]
     out += reconcile_md(report.reconcile, figs.get("reconcile", []))
+    out += harness_md(report)
     if not report.configs:
         out.append("No complete train runs: nothing to reconcile.\n")
     for c in report.configs:
@@ -230,4 +275,8 @@ def verdict_lines(report: Report) -> list[str]:
     out = [f"reconcile: {s}" for s in (report.reconcile or {}).get("answer", [])]
     for c in report.configs:
         out += [f"{c.id} {c.strategy}: {r.a['verdict']}" for r in c.rows]
+    for h in (report.harness or {}).get("rows", []):
+        if h["overhead_pct"] is not None:
+            out.append(f"harness {', '.join(h['configs'])} W={h['W']}: Lightning step {h['overhead_pct']:+.1f}% "
+                       f"against the bare loop's ({_against_target(h, report.harness['target_pct'])})")
     return out

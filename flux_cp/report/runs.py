@@ -1,8 +1,9 @@
 """Discovery and grouping: which summary.json files are usable, and which runs are compared with which.
 
 Runs are grouped by configuration (model dims, sequence, precision, compile, SDPA backend, device,
-weights) and CP strategy; rows by effective world size W (simulate_world or world_size), the W=1
-`--cp none` run first as the baseline. Ops runs give isolated op times, matched per W.
+weights, harness) and CP strategy; rows by effective world size W (simulate_world or world_size), the W=1
+`--cp none` run first as the baseline. Ops runs give isolated op times, matched per W. A bare-loop run
+(`--harness bare`) is its own configuration, and is held against its Lightning twin (twin_key).
 """
 
 import json
@@ -11,6 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flux_cp.config import RUN_GROUPS
 from flux_cp.results import validate
 
 OPS = ("sdpa_fwd", "sdpa_bwd", "qkv_gemm_fwd", "qkv_gemm_bwd")
@@ -27,6 +29,14 @@ PART_LABEL = {
     "idle": "device idle (host)",
 }
 DTYPE_BYTES = {"bf16-true": 2, "16-true": 2, "bf16-mixed": 2, "16-mixed": 2, "32-true": 4, "64-true": 8}
+
+
+BARE = " bare"  # the strategy label's mark of a bare-loop run: its rows never meet a Lightning run's
+
+
+def harness(d: dict) -> str:
+    """The loop a run was timed in: "lightning" or "bare" (summaries older than --harness: lightning)."""
+    return d.get("harness") or "lightning"
 
 
 class ReportError(ValueError):
@@ -48,6 +58,10 @@ class Run:
     @property
     def W(self) -> int:  # effective world size: a simulated W-way split counts as W
         return int(self.d.get("simulate_world") or self.d["world_size"])
+
+    @property
+    def harness(self) -> str:
+        return harness(self.d)
 
     @property
     def simulated(self) -> bool:
@@ -179,6 +193,8 @@ def config_key(d: dict) -> dict:
         # FSDP adds all-gathers / reduce-scatters; ZeRO-1 is DDP with a sharded optimizer (the strategy label
         # says so), identical at W=1, so its runs share DDP's baseline
         "weights": {"zero": "ddp"}.get(w := d.get("weights") or run.get("weights", "ddp"), w),
+        # a bare loop's steps lack Lightning's hooks: neither its baseline nor its repeats mix with Lightning's
+        "harness": harness(d),
     }
 
 
@@ -188,7 +204,8 @@ def strategy_label(d: dict) -> str:
         cp += f"({d['config']['run'].get('rotate', 'allgather')})"
     zero = " zero" if d.get("weights") == "zero" else ""  # AdamW state sharded over the W ranks
     split = " split-cond" if d["config"]["run"].get("split_conditioning") else ""  # AdaLN linears split over W
-    return cp + zero + split + (" simulated" if d.get("simulate_world") else "")
+    bare = BARE if harness(d) == "bare" else ""  # before " simulated": match_isolated reads the label's end
+    return cp + zero + split + bare + (" simulated" if d.get("simulate_world") else "")
 
 
 @dataclass
@@ -238,7 +255,7 @@ def group(runs: list[Run]) -> list[Config]:
         key = json.loads(kjson)
         w1_none = [r for r in bucket if r.W == 1 and r.d["cp"] == "none" and not r.simulated]
         strategies = sorted({strategy_label(r.d) for r in bucket if r.d["cp"] != "none" or r.simulated})
-        for strat in strategies or ["none"]:
+        for strat in strategies or ["none" + (BARE if key["harness"] == "bare" else "")]:
             notes = []
             mine = [r for r in bucket if strategy_label(r.d) == strat]
             base = w1_none or [r for r in mine if r.W == 1 and not r.simulated]
@@ -278,6 +295,20 @@ def _missing_baseline(key: dict, w1: list[Run]) -> str:
         what = ", ".join(f"{k} {config_key(r.d)[k]} vs {v}" for k, v in key.items() if config_key(r.d)[k] != v)
         msg += f"; closest W=1 run {r.name} differs in {what}"
     return msg
+
+
+# Run settings that are bookkeeping, not the measured step: the harness's own (what its overhead is measured
+# with), timing and profiling (the bare loop has none), output, and the run's length
+BOOKKEEPING = frozenset((*RUN_GROUPS["Harness"], *RUN_GROUPS["Timing and profiling"], *RUN_GROUPS["Output"],
+                         "steps", "warmup_steps", "timeout_s"))
+
+
+def twin_key(d: dict) -> str:
+    """What a bare run shares with its Lightning twin: device, model, data and every run setting but bookkeeping
+    (strategy, rotation, SDPA backend, weights, precision, compile, split conditioning, simulated world, devices)."""
+    cfg = d["config"]
+    run = {k: v for k, v in cfg["run"].items() if k not in BOOKKEEPING}
+    return json.dumps([d["mode"], d["env"]["device"], cfg["model"], cfg["data"], run], sort_keys=True)
 
 
 # ---------------------------------------------------------------- isolated ops (ops runs)

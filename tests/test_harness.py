@@ -1,0 +1,129 @@
+"""The harness is not what it measures: the Lightning run and its bare twin (--harness bare: the same FluxStep in a
+plain loop, its own launcher) train alike, issue the same collectives, and the Lightning run adds no host wait
+(timing reads after the fact, Lightning's per-step SIGTERM sync thinned out) that the bare loop does not have.
+
+Runs: fp64 exact settings (conftest.EXACT: 10 optimizer steps, every first-step gradient and final parameter), W=1
+and real gloo W=2 under allgather-kv + DDP and ulysses + ZeRO; simulated W=2 pairs for the ledger.
+"""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from flux_cp.results import steadiness, validate
+
+from .conftest import EXACT, EXACT_STEPS, TINY, assert_exact, bench, load_exact
+
+W2 = {  # name: the run's settings; the Lightning runs also set Lightning's SIGTERM check cadence
+    "agkv-ddp": ("--devices", 2, "--cp", "allgather-kv", "--weights", "ddp"),
+    "ulysses-zero": ("--devices", 2, "--cp", "ulysses", "--weights", "zero"),
+}
+SIGTERM_EVERY = {"agkv-ddp": 4, "ulysses-zero": 1}  # 1: stock Lightning (a check before every step)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{(name, harness): run folder}: the W=2 pairs and a bare W=1 run, two at a time on the 2 cores."""
+    jobs = {("w1", "bare"): ("--devices", 1, "--harness", "bare")}
+    for name, args in W2.items():
+        jobs[name, "bare"] = (*args, "--harness", "bare")
+        jobs[name, "lightning"] = (*args, "--sigterm-every", SIGTERM_EVERY[name])
+    with ThreadPoolExecutor(2) as pool:
+        futures = {}
+        for (name, harness), args in jobs.items():
+            out = tmp_path_factory.mktemp(f"{name}-{harness}")
+            futures[name, harness] = (out, pool.submit(bench, *EXACT, "--output", out, *args))
+        folders = {}
+        for key, (out, job) in futures.items():
+            r = job.result()
+            assert r.returncode == 0, (key, r.stderr[-3000:])
+            folders[key] = out
+    return folders
+
+
+def _summary(folder) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def test_bare_w1_trains_as_the_lightning_run(runs, single_process):
+    bare = load_exact(runs["w1", "bare"])
+    assert bare["summary"]["harness"] == "bare" and single_process(1)["summary"]["harness"] == "lightning"
+    assert_exact(bare, single_process(1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", W2)
+def test_bare_w2_trains_as_the_lightning_run(runs, name):
+    """Same losses at all 10 steps, first-step gradients and final parameters: the same step, over real gloo ranks."""
+    bare, lit = load_exact(runs[name, "bare"]), load_exact(runs[name, "lightning"])
+    assert len(bare["summary"]["loss"]) == EXACT_STEPS
+    assert_exact(bare, lit, rtol=1e-12)
+    for d, harness in ((bare["summary"], "bare"), (lit["summary"], "lightning")):
+        assert validate(d) == [] and d["harness"] == harness and d["world_size"] == 2 and d["complete"]
+        assert d["metrics"]["step_ms"]["rank_max_median"] >= d["metrics"]["step_ms"]["rank_min_median"] > 0
+    assert bare["summary"]["optimizer_params"] == lit["summary"]["optimizer_params"]  # rank 0's ZeRO share
+    assert not bare["summary"]["op_regions"] and set(bare["summary"]["metrics"]) == {"step_ms", "host_ms", "loop_ms"}
+
+
+@pytest.mark.parametrize("name", W2)
+def test_lightning_sigterm_sync_runs_every_n_steps(runs, name):
+    """Lightning's per-step broadcast + .item(), counted in a real 2-rank run: every 4th step by the setting, every
+    step with --sigterm-every 1 (stock Lightning)."""
+    d = _summary(runs[name, "lightning"])
+    steps, every = EXACT_STEPS, SIGTERM_EVERY[name]
+    assert d["sigterm_checks"] == {"every": every, "steps": steps, "broadcasts": -(-steps // every)}
+
+
+@pytest.mark.parametrize("name", W2)
+def test_timing_reads_never_wait_inside_the_loop(runs, name):
+    """Every measured step but the last is read inside the loop, at least one step after its end and without
+    waiting on the device; the last one after the loop."""
+    reads = _summary(runs[name, "lightning"])["reads"]
+    measured = EXACT_STEPS - 1  # EXACT: 1 warm-up step
+    assert reads["waited_in_loop"] == 0
+    assert reads["in_loop"] + reads["after_loop"] == measured and reads["after_loop"] >= 1
+    assert reads["lag_steps_median"] >= 1
+
+
+def test_summary_has_wall_split_and_steadiness(runs):
+    for key in (("agkv-ddp", "lightning"), ("agkv-ddp", "bare")):
+        d = _summary(runs[key])
+        w = d["wall_s"]
+        parts = ("startup", "warmup", "measured", "teardown")
+        assert all(w[k] >= 0 for k in parts) and w["startup"] > 0 and w["measured"] > 0
+        assert abs(sum(w[k] for k in parts) - w["total"]) < 0.01
+        st = d["steadiness"]
+        assert st["n"] == EXACT_STEPS - 1 and st["ci95"][0] <= st["median"] <= st["ci95"][1]
+        assert st["median"] == d["metrics"]["step_ms"]["median"]
+
+
+def test_steadiness_names_two_modes_and_drift():
+    steady = steadiness([10.0, 10.1, 9.9, 10.05, 10.0, 9.95, 10.1, 10.0])
+    assert steady["steady"] and steady["modes"] is None and steady["problems"] == []
+    two = steadiness([10.0] * 6 + [15.0] * 4)
+    assert two["modes"] == [{"median": 10.0, "n": 6}, {"median": 15.0, "n": 4}] and "bimodal" in two["problems"]
+    slow_start = steadiness([14.0, 13.0, 12.0, 11.0, 10.0, 10.0, 10.0, 10.0])
+    assert slow_start["drift_pct"] < -5 and "drift" in slow_start["problems"]
+    one_outlier = steadiness([10.0] * 9 + [30.0])  # one slow step is not a mode
+    assert one_outlier["modes"] is None
+
+
+def test_simulated_bare_and_lightning_record_the_same_ledger(tmp_path):
+    """Rank 0 of a simulated W=2 job (fake group): the bare loop issues what the Lightning run issues, collective for
+    collective (DDP's buckets, ZeRO's broadcasts, Ulysses' all-to-alls)."""
+    common = ("--config", TINY, "--warmup-steps", 1, "--steps", 2, "--simulate-world", 2, "--cp", "ulysses",
+              "--weights", "zero", "--wandb-mode", "disabled")
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(bench, *common, "--output", tmp_path / h, "--harness", h) for h in ("bare", "lightning")]
+        for job in jobs:
+            r = job.result()
+            assert r.returncode == 0, r.stderr[-3000:]
+    bare, lit = (_summary(tmp_path / h) for h in ("bare", "lightning"))
+
+    def key(d):
+        return [[(e["kind"], e["bytes"], e["group_size"], e["async"]) for e in s["collectives"]]
+                for s in d["comm"]["ledger"]]
+
+    assert len(key(bare)) == 2 and len(key(bare)[0]) > 10
+    assert key(bare) == key(lit)
+    assert bare["collectives"] == "fake" and bare["loss"] is None and bare["run_name"].endswith("-bare")

@@ -1,0 +1,191 @@
+"""Bare-loop runs (--harness bare) in the report and the end-of-run verdict: built from real CPU summaries
+(docs/results) with the step times set, a Lightning run and its bare twin at W=1 and W=2 plus a bare run with no
+twin. Bare runs never join a Lightning configuration; each Lightning row is held against its twin."""
+
+import copy
+import json
+import os
+import statistics
+
+import pytest
+
+from flux_cp.report import build, verdict_lines
+from flux_cp.report import write as write_report
+from flux_cp.report.runs import twin_key
+from flux_cp.results import stats
+from flux_cp.verdict import verdict
+
+from .conftest import ROOT
+
+TEMPLATES = ROOT / "docs" / "results" / "2026-12-03-cpu-prediction" / "runs"
+W1, W2 = "w1-none-r0", "real-w2-allgather-kv-ddp-r0"
+NEW_KEYS = {"loader": "device", "sigterm_every": 100}  # run settings summaries gained with --harness
+# per measured step, ms: the bare W=1 loop is noisy (IQR 8.5 ms > the 2 ms difference), W=2 steady
+STEPS = {"lit-w1": [100.0] * 8, "bare-w1": [90, 94, 96, 98, 98, 100, 104, 110], "lit-w2": [60.0] * 8,
+         "bare-w2": [55.0] * 8, "bare-w2-ulysses": [50.0] * 8}
+
+
+def summary(template: str, name: str, harness: str | None, **run) -> dict:
+    """A real summary with its step times replaced; a bare run as the bare loop writes one: whole steps only."""
+    d = json.loads((TEMPLATES / template / "summary.json").read_text())
+    d["run_name"], d["per_step"]["step_ms"], d["metrics"]["step_ms"] = name, STEPS[name], stats(STEPS[name])
+    if harness is not None:  # older summaries have neither key: they are Lightning runs
+        d["harness"] = harness
+        d["config"]["run"] |= {"harness": harness, **NEW_KEYS}
+    if harness == "bare":
+        keep = ("step_ms", "host_ms", "loop_ms") if name == "bare-w2" else ("step_ms", "host_ms")
+        d["metrics"] = {k: v for k, v in d["metrics"].items() if k in keep}
+        d["per_step"] = {k: v for k, v in d["per_step"].items() if k in keep}
+        # bookkeeping differs from the twin's: still its twin
+        d["config"]["run"] |= {"output": f"runs/{name}", "group": "bare", "steps": 30}
+    d["config"]["run"] |= run
+    d["cp"] = d["config"]["run"]["cp"]  # the resolved strategy, as the summary's header has it
+    return d
+
+
+def med(name: str) -> float:
+    return stats(STEPS[name])["median"]
+
+
+def put(root, name: str, d: dict, age: int):
+    """root/name/summary.json, `age` seconds old: a larger age is older (the report takes the latest)."""
+    p = root / name / "summary.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(d))
+    t = 2_000_000_000 - age
+    os.utime(p, (t, t))
+    return p
+
+
+def lightning_runs(root):
+    put(root, "lit-w1", summary(W1, "lit-w1", None), age=100)  # an older summary: no harness keys
+    put(root, "lit-w2", summary(W2, "lit-w2", "lightning"), age=90)
+
+
+def bare_runs(root):
+    # newer than the Lightning runs: were they mixed, the latest W=1 baseline and W=2 row would be these
+    put(root, "bare-w1", summary(W1, "bare-w1", "bare"), age=10)
+    put(root, "bare-w2", summary(W2, "bare-w2", "bare"), age=9)
+    put(root, "bare-w2-ulysses", summary(W2, "bare-w2-ulysses", "bare", cp="ulysses"), age=8)
+
+
+def lightning_configs(rep: dict) -> list[dict]:
+    return [{k: v for k, v in c.items() if k != "id"} for c in rep["configurations"]
+            if c["key"].get("harness", "lightning") == "lightning"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The report on the Lightning runs alone, then with the bare runs added (same folder, same paths)."""
+    root = tmp_path_factory.mktemp("runs")
+    lightning_runs(root)
+    alone = json.loads(json.dumps(build(root, user="allgather-kv").to_dict()))
+    bare_runs(root)
+    report = build(root, user="allgather-kv")
+    paths = write_report(report, root / "report")
+    return {"root": root, "alone": alone, "report": report, "json": json.loads(paths["json"].read_text()),
+            "md": paths["md"].read_text(), "html": paths["html"].read_text()}
+
+
+def test_overhead_is_the_ratio_of_the_twins_steps(built):
+    h = built["json"]["harness"]
+    assert h["target_pct"] == 3.0
+    rows = {r["W"]: r for r in h["rows"]}
+    assert sorted(rows) == [1, 2]
+    for w in (1, 2):
+        r = rows[w]
+        assert r["lightning_run"] == str(built["root"] / f"lit-w{w}" / "summary.json")
+        assert r["bare_run"] == str(built["root"] / f"bare-w{w}" / "summary.json")
+        assert r["lightning_step_ms"] == med(f"lit-w{w}") and r["bare_step_ms"] == med(f"bare-w{w}")
+        assert r["overhead_pct"] == pytest.approx(100 * (med(f"lit-w{w}") / med(f"bare-w{w}") - 1), rel=1e-12)
+    # W=1: 100 / 98 ms, +2.0%, under 3% but the bare loop's IQR (8.5 ms) is wider than the 2 ms difference
+    assert rows[1]["within_target"] and rows[1]["noisy"] and rows[1]["noise"]["kind"] == "IQR"
+    q = statistics.quantiles(STEPS["bare-w1"], n=4)
+    assert rows[1]["noise"]["spread_ms"] == pytest.approx(q[2] - q[0]) and rows[1]["loop_overhead_pct"] is None
+    # W=2: 60 / 55 ms, +9.1%, over 3%, steady steps; both record the loop
+    assert not rows[2]["within_target"] and not rows[2]["noisy"]
+    t = built["report"].runs
+    loops = {r.name: r.metric("loop_ms") for r in t}
+    assert rows[2]["loop_overhead_pct"] == pytest.approx(100 * (loops["lit-w2"] / loops["bare-w2"] - 1))
+    # the run with no Lightning twin (ulysses) is listed, not dropped
+    (u,) = h["unmatched_bare"]
+    assert u["run"] == "bare-w2-ulysses" and u["W"] == 2
+
+
+def test_bare_runs_leave_the_lightning_rows_alone(built):
+    after = lightning_configs(built["json"])
+    assert after == lightning_configs(built["alone"]) and len(after) == 1
+    (c,) = after
+    base, row = c["rows"]
+    assert base["baseline"] and base["run"] == "lit-w1" and row["run"] == "lit-w2"
+    assert row["speedup"]["step"] == pytest.approx(med("lit-w1") / med("lit-w2"), rel=1e-12)
+    assert built["json"]["reconcile"] == built["alone"]["reconcile"] is not None  # no bare alternative either
+    assert not any("bare" in a["strategy"] for a in built["json"]["reconcile"]["alternatives"])
+
+
+def test_bare_runs_are_their_own_configurations(built):
+    bare = {c["strategy"]: c for c in built["json"]["configurations"] if c["key"]["harness"] == "bare"}
+    assert set(bare) == {"allgather-kv bare", "ulysses bare"}
+    base, row = bare["allgather-kv bare"]["rows"]
+    assert base["baseline"] and base["run"] == "bare-w1" and row["run"] == "bare-w2"
+    assert row["speedup"]["step"] == pytest.approx(med("bare-w1") / med("bare-w2"), rel=1e-12)
+    assert [r["run"] for r in bare["ulysses bare"]["rows"]] == ["bare-w1", "bare-w2-ulysses"]
+
+
+def test_markdown_and_html_carry_the_table(built):
+    md = built["md"]
+    assert "## Harness overhead against the bare loop" in md
+    lines = [ln for ln in md.splitlines() if ln.startswith("| c") and "lit-w" in ln]
+    assert len(lines) == 2
+    w1, w2 = sorted(lines, key=lambda ln: ln.split(" | ")[2])
+    assert f"{100 * (med('lit-w1') / med('bare-w1') - 1):+.1f}%" in w1 and "under 3% (noisy: not significant)" in w1
+    assert f"{100 * (med('lit-w2') / med('bare-w2') - 1):+.1f}%" in w2 and "| over 3% |" in w2
+    assert "Bare runs with no Lightning twin among the rows: bare-w2-ulysses/summary.json (W=2)" in md
+    assert "<h2>Harness overhead against the bare loop</h2>" in built["html"]
+    printed = [ln for ln in verdict_lines(built["report"]) if ln.startswith("harness ")]
+    assert len(printed) == 2 and "over 3%" in printed[1]
+
+
+def test_no_section_without_bare_runs(built):
+    assert built["alone"]["harness"]["rows"] == [] and built["alone"]["harness"]["unmatched_bare"] == []
+    root = built["root"].parent / "lightning-only"
+    lightning_runs(root)
+    write_report(build(root), root / "report")
+    assert "Harness overhead" not in (root / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("change", [{"harness": "bare"}, {"loader": "workers", "num_workers": 4}, {"steps": 99},
+                                    {"sigterm_every": 1}, {"output": "x"}, {"timing": False}, {"gc_every": 5}])
+def test_twin_ignores_bookkeeping(change):
+    d = summary(W2, "lit-w2", "lightning")
+    b = copy.deepcopy(d)
+    b["config"]["run"] |= change
+    assert twin_key(b) == twin_key(d)
+
+
+@pytest.mark.parametrize("section,change", [("run", {"rotate": "alltoall"}), ("run", {"precision": "64-true"}),
+                                            ("run", {"simulate_world": 2}), ("run", {"cp_degree": 1}),
+                                            ("run", {"compile": True}), ("run", {"split_conditioning": True}),
+                                            ("model", {"num_heads": 8}), ("data", {"batch_size": 2})])
+def test_twin_needs_the_same_step(section, change):
+    d = summary(W2, "lit-w2", "lightning")
+    b = copy.deepcopy(d)
+    b["config"][section] |= change
+    assert twin_key(b) != twin_key(d)
+
+
+def test_verdict_baseline_of_the_same_harness(tmp_path):
+    lit1 = put(tmp_path, "lit-w1", summary(W1, "lit-w1", None), age=100).parent
+    lit2 = summary(W2, "lit-w2", "lightning")
+    bare2 = summary(W2, "bare-w2", "bare")
+    # only a Lightning baseline: the bare run falls back to it, and says so
+    line, nxt = verdict(bare2, tmp_path / "x", [tmp_path])
+    assert f"{med('lit-w1') / med('bare-w2'):.2f}x vs {lit1} (W=1)" in line
+    assert "a lightning run: no bare W=1 baseline yet" in line
+    bare1 = put(tmp_path, "bare-w1", summary(W1, "bare-w1", "bare"), age=1).parent  # the newest W=1 run
+    line, _ = verdict(bare2, tmp_path / "x", [tmp_path])
+    assert f"{med('bare-w1') / med('bare-w2'):.2f}x vs {bare1} (W=1)" in line and "no bare" not in line
+    line, _ = verdict(lit2, tmp_path / "x", [tmp_path])  # newer, but bare: not the Lightning run's baseline
+    assert f"{med('lit-w1') / med('lit-w2'):.2f}x vs {lit1} (W=1)" in line and "a bare run" not in line
+    line, nxt = verdict(bare2, tmp_path / "x", [tmp_path / "none"])
+    assert "no W=1 baseline" in line and "--harness bare --devices 1 --cp none" in nxt
