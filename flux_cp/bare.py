@@ -27,7 +27,7 @@ from flux_cp.failures import EXIT_CODES, error_kind, error_line, kill_tree
 from flux_cp.ledger import CommLedger
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.model import num_params
-from flux_cp.results import RunSummary, process_start_time, train_header, wall_split
+from flux_cp.results import RunSummary, run_start_time, train_header, wall_split
 from flux_cp.simulate import allreduce_hook, init_fake_world
 from flux_cp.step import FluxStep, build_model, default_dtype
 from flux_cp.timing import StepTimer
@@ -99,7 +99,7 @@ def run_bare(cfg: BenchConfig, report=None) -> int:
 
 def _run(cfg: BenchConfig, report) -> int:
     run, data = cfg.run, cfg.data
-    t_proc = process_start_time()
+    t_proc = run_start_time()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if run.accelerator == "gpu" else \
         torch.device("cpu")
     if device.type == "cuda":

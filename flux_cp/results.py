@@ -82,8 +82,20 @@ def train_header(cfg, params: int) -> dict:
     }
 
 
-def process_start_time() -> float:
-    """When this process started (epoch seconds): a run's start-up is interpreter, imports and set-up."""
+_RUN_STARTED: float | None = None  # set by an in-process sweep before each run (flux_cp/sweep.py)
+
+
+def mark_run_start() -> None:
+    """The next run in this process starts now: its start-up is its own set-up, not the process's imports."""
+    global _RUN_STARTED
+    _RUN_STARTED = time.time()
+
+
+def run_start_time() -> float:
+    """When this run started (epoch seconds): the process's start (interpreter, imports, set-up), or the time an
+    in-process sweep marked."""
+    if _RUN_STARTED is not None:
+        return _RUN_STARTED
     import psutil
 
     return psutil.Process().create_time()

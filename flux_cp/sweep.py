@@ -51,6 +51,7 @@ class Run:
     output: Path
     steps: int = 0  # warm-up + measured, from the resolved config (progress)
     shape: dict = field(default_factory=dict)  # seq_len, batch, world
+    processes: int = 1  # the run's ranks on this machine and others (a simulated world is one)
 
 
 @dataclass
@@ -162,7 +163,8 @@ def load_sweep(
             point_errors.setdefault(str(e), []).append(run_name)
             continue
         shape = {"seq_len": cfg.data.seq_len, "batch": cfg.data.batch_size, "world": cfg.run.devices}
-        runs.append(Run(run_name, point, args, out / run_name, cfg.run.warmup_steps + cfg.run.steps, shape))
+        runs.append(Run(run_name, point, args, out / run_name, cfg.run.warmup_steps + cfg.run.steps, shape,
+                        cfg.run.devices * cfg.run.num_nodes))
     for msg, names in point_errors.items():
         errors.append(f"{_names(names)}: {msg}")
     if len({r.name for r in runs}) != len(runs):
@@ -219,10 +221,16 @@ def classify(rc: int, summary: dict | None, guard_fired: bool) -> str:
 
 
 class Runner:
-    """Runs a sweep's runs one by one, each in its own session (process group), keeping sweep.json current."""
+    """Runs a sweep's runs one by one, each in its own session (process group), keeping sweep.json current.
 
-    def __init__(self, sweep: Sweep, console=None, poll_s: float = 0.5):
+    in_process: train_bench's main(argv) to call for each run in this process instead (runs of one process each:
+    --devices 1, simulated or not). torch, diffusers and Lightning are then imported once for the sweep, not once
+    per run (on the H200 host: ~20 s of a ~25 s Flux run). No isolation: a run that hangs or is killed by the
+    kernel takes the sweep with it; its summary.json says `wall_s.startup` counts from the run's start."""
+
+    def __init__(self, sweep: Sweep, console=None, poll_s: float = 0.5, in_process=None):
         self.sweep = sweep
+        self.in_process = in_process
         self.index_path = sweep.output / "sweep.json"
         # backstop above train_bench's own watchdog: the run is killed after no summary.json update for this long
         self.guard_s = 2 * sweep.timeout_s + 60
@@ -276,6 +284,8 @@ class Runner:
                     rec["status"], rec["error"] = "ok", None
                     rec["finished"] = rec["finished"] or _when(_mtime(run.output / "summary.json"))
                     label += " (done before)"
+                elif self.in_process is not None:
+                    self._execute_here(run, rec)
                 else:
                     self._execute(run, rec, progress, label)
                 self.write_index()
@@ -330,6 +340,43 @@ class Runner:
             error = f"no progress for {self.guard_s:.0f} s: run killed by the sweep"
         rec.update(status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2), error=error,
                    exit_code=proc.returncode)
+
+    def _execute_here(self, run: Run, rec: dict) -> None:
+        """One run in this process (in_process), its output to its train_bench.log; state a run leaves behind (the
+        process group, signal handlers, cached GPU memory) is cleared before the next."""
+        import contextlib
+        import gc
+
+        import torch
+        import torch.distributed as dist
+
+        from flux_cp.results import mark_run_start
+
+        run.output.mkdir(parents=True, exist_ok=True)
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        t0 = time.monotonic()
+        with open(run.output / "train_bench.log", "w") as f, contextlib.redirect_stdout(f), \
+                contextlib.redirect_stderr(f):
+            mark_run_start()
+            try:
+                rc = self.in_process(list(run.args))
+            except BaseException as e:  # noqa: BLE001  (the sweep goes on, as with a failed process)
+                print(f"sweep: run raised {type(e).__name__}: {e}", file=f)
+                rc = 1
+                if isinstance(e, KeyboardInterrupt):
+                    self.stop_signal = signal.SIGINT
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        summary = read_summary(run.output)
+        status = classify(rc, summary, False)
+        rec.update(status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2),
+                   error=None if status == "ok" else _error_line(summary, run.output / "train_bench.log"),
+                   exit_code=rc)
 
     def _log(self, msg: str) -> None:
         if self.console is not None:

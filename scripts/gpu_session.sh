@@ -18,7 +18,7 @@ log() { echo "== $(date -u +%FT%TZ) $*"; }
     if [ "$s" = tests ]; then
       log "pytest -m gpu"; python3 -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tail -15
     else
-      log "suite $s"; python3 scripts/sweep.py "configs/suites/$s.yaml" --output "$OUT/$s" 2>&1 | tail -40
+      log "suite $s"; python3 scripts/sweep.py "configs/suites/$s.yaml" --output "$OUT/$s" --in-process 2>&1 | tail -40
       tar czf "$OUT/$s.tar.gz" -C "$OUT" --exclude=wandb "$s"  # one file per suite: the device returns flat files
     fi
   done

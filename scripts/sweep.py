@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, help="per-run --timeout-s (default: the file's `timeout_s`)")
     p.add_argument("--gpus", type=int, help="validate as if this many GPUs were visible (with --dry-run)")
     p.add_argument("--dry-run", action="store_true", help="check the sweep and list its runs; run nothing")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every run in this process (one-process runs only): imports once, not once per run")
     a = p.parse_args(argv)
 
     import torch
@@ -52,7 +54,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run.name}: train_bench.py {' '.join(run.args)}")
         return 0
     console.print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {sweep.output}/sweep.json", highlight=False)
-    runner = Runner(sweep, console=console)
+    main_fn = None
+    if a.in_process:
+        if multi := [r.name for r in sweep.runs if r.processes > 1]:
+            print(f"sweep.py: --in-process: runs of several processes ({', '.join(multi[:3])}): drop --in-process, "
+                  "or keep to --devices 1 (--simulate-world for more ranks)", file=sys.stderr)
+            return EXIT_CONFIG
+        main_fn = _train_bench_main()
+    runner = Runner(sweep, console=console, in_process=main_fn)
     with _progress(console) as progress:
         bad = runner.run(progress)
     counts = {}
@@ -64,6 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     if runner.stop_signal is not None:
         return EXIT_INTERRUPTED
     return 1 if bad else 0
+
+
+def _train_bench_main():
+    """scripts/train_bench.py's main(argv), loaded as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_bench", Path(__file__).with_name("train_bench.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
 
 
 def _progress(console):

@@ -195,6 +195,7 @@ def train(cfg) -> int:
         if out_of_space(e):  # summary.json kept its last good version: it lacks the last steps and the error
             line += f" (out of disk space, quota or file-size limit: {out / 'summary.json'} is out of date)"
         print(f"train_bench.py: rank {trainer.global_rank}: run failed ({kind}): {line}", file=sys.stderr)
+        watchdog.stop()  # a sweep may run the next run in this process (scripts/sweep.py --in-process)
         return EXIT_CODES[kind]
     watchdog.stop()
     if trainer.global_rank == timing.report_rank:

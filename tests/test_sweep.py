@@ -87,3 +87,25 @@ def test_a_run_that_completed_is_ok_whatever_ended_its_process():
     assert classify(130, {"complete": True}, guard_fired=False) == "ok"
     assert classify(130, {"complete": False, "error_kind": "interrupted"}, guard_fired=False) == "failed"
     assert classify(0, None, guard_fired=False) == "failed"
+
+
+def test_in_process_sweep_trains_as_separate_processes(tmp_path):
+    """--in-process: every run in the sweep's own process (imports once): the same losses as one process per run,
+    a sweep with a run of several processes is refused up front."""
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"name: t\nconfig: {TINY}\ntimeout_s: 60\nbase: {{wandb_mode: disabled, steps: 3, devices: 1}}\n"
+                   "axes:\n  harness: [bare, lightning]\n  cp: [none, allgather-kv]\n")
+    runs = {}
+    for mode, args in (("in", ("--in-process",)), ("sub", ())):
+        r = sweep(cfg, "--output", tmp_path / mode, *args)
+        assert r.returncode == 0, r.stderr[-3000:]
+        for f in (tmp_path / mode).glob("*/summary.json"):
+            runs[mode, f.parent.name] = json.loads(f.read_text())
+    names = {name for _, name in runs}
+    assert len(names) == 4 and all(("in", n) in runs and ("sub", n) in runs for n in names)
+    for n in names:
+        assert runs["in", n]["loss"] == runs["sub", n]["loss"] and len(runs["in", n]["loss"]) == 4, n
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"name: b\nconfig: {TINY}\nbase: {{wandb_mode: disabled}}\naxes:\n  devices: [1, 2]\n")
+    r = sweep(bad, "--output", tmp_path / "bad", "--in-process")
+    assert r.returncode == 2 and "--in-process: runs of several processes (devices-2)" in r.stderr
