@@ -1,26 +1,39 @@
 #!/usr/bin/env bash
-# A device call: the GPU tests, then named benchmark suites (configs/suites/<suite>.yaml, run by scripts/sweep.py),
-# each into its own results folder. Nothing here is a benchmark of its own: suites are.
+# A device call: named benchmark suites (configs/suites/<suite>.yaml), all in one scripts/sweep.py process (imports
+# once; each run in that process, --in-process), each into its own results folder, then the GPU tests if named.
+# Nothing here is a benchmark of its own: suites are.
 #   OUT=/some/dir scripts/gpu_session.sh [tests] SUITE...    e.g.  tests flux_w1 flux_sim_eager
-#   -> $OUT/session.log, $OUT/<suite>/ (sweep.json, one folder per run: summary.json, train_bench.log)
+#   -> $OUT/session.log, $OUT/suites.tar.gz (<suite>/sweep.json, one folder per run: summary.json, train_bench.log)
 set -u
+if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  echo "gpu_session.sh: no CUDA device is visible here: run it on the GPU machine" >&2
+  exit 2
+fi
 OUT=${OUT:-runs/gpu_session}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_SILENT=true
 log() { echo "== $(date -u +%FT%TZ) $*"; }
+suites=(); files=(); tests=0
+for s in "$@"; do
+  if [ "$s" = tests ]; then tests=1; else suites+=("$s"); files+=("configs/suites/$s.yaml"); fi
+done
 # The device returns flat files only, and a call cut at its limit returns what $OUT holds: keep a tarball fresh.
 (while sleep 30; do tar czf "$OUT/partial.tar.gz.tmp" -C "$OUT" --exclude=wandb --exclude='*.tar.gz*' . 2>/dev/null \
   && mv "$OUT/partial.tar.gz.tmp" "$OUT/partial.tar.gz"; done) &
+saver=$!
+trap 'kill $saver 2>/dev/null' EXIT
 {
   log device
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   python3 -c "import torch, lightning, diffusers; print('torch', torch.__version__, 'lightning', lightning.__version__, 'diffusers', diffusers.__version__)"
-  for s in "$@"; do
-    if [ "$s" = tests ]; then
-      log "pytest -m gpu"; python3 -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tail -15
-    else
-      log "suite $s"; python3 scripts/sweep.py "configs/suites/$s.yaml" --output "$OUT/$s" --in-process 2>&1 | tail -40
-      tar czf "$OUT/$s.tar.gz" -C "$OUT" --exclude=wandb "$s"  # one file per suite: the device returns flat files
-    fi
-  done
+  if [ ${#suites[@]} -gt 0 ]; then
+    log "suites ${suites[*]}"
+    python3 scripts/sweep.py "${files[@]}" --output-root "$OUT" --in-process 2>&1 \
+      | grep -v "^sweep ━" | tail -80
+    # one file: the device returns few, flat files
+    (cd "$OUT" && tar czf suites.tar.gz --exclude=wandb "${suites[@]}" && rm -f partial.tar.gz)
+  fi
+  if [ $tests = 1 ]; then
+    log "pytest -m gpu"; python3 -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tail -15
+  fi
   log done
 } 2>&1 | tee -a "$OUT/session.log"

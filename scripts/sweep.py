@@ -2,6 +2,7 @@
 
     python scripts/sweep.py configs/sweep_cpu.yaml                 # -> sweeps/cpu-small/{sweep.json,<run>/...}
     python scripts/sweep.py configs/sweep_flux.yaml --dry-run --gpus 8   # check and list, run nothing
+    python scripts/sweep.py configs/suites/a.yaml configs/suites/b.yaml --output-root out --in-process  # out/a, out/b
     python scripts/report.py sweeps/cpu-small                      # the sweep's report
 
 Every problem in the sweep config is reported at once, before anything runs (exit 2). Runs go one
@@ -22,14 +23,19 @@ from flux_cp.failures import EXIT_CONFIG, EXIT_INTERRUPTED  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sweep.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("sweep", help="sweep YAML (configs/sweep_*.yaml)")
-    p.add_argument("--output", help="sweep folder (default: the file's `output`, else sweeps/<name>)")
+    p.add_argument("sweep", nargs="+", help="sweep YAML (configs/sweep_*.yaml, configs/suites/*.yaml); several run "
+                   "one after another")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--output", help="sweep folder (one sweep; default: the file's `output`, else sweeps/<name>)")
+    out.add_argument("--output-root", help="each sweep into <output-root>/<its file's name without .yaml>")
     p.add_argument("--timeout-s", type=float, help="per-run --timeout-s (default: the file's `timeout_s`)")
     p.add_argument("--gpus", type=int, help="validate as if this many GPUs were visible (with --dry-run)")
     p.add_argument("--dry-run", action="store_true", help="check the sweep and list its runs; run nothing")
     p.add_argument("--in-process", action="store_true",
                    help="run every run in this process (one-process runs only): imports once, not once per run")
     a = p.parse_args(argv)
+    if a.output and len(a.sweep) > 1:
+        p.error("--output takes one sweep: use --output-root for several")
 
     import torch
     from rich.console import Console
@@ -39,39 +45,44 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     cuda = torch.cuda.is_available() if a.gpus is None else a.gpus > 0
     gpus = torch.cuda.device_count() if a.gpus is None else a.gpus
-    try:
-        if a.timeout_s is not None and a.timeout_s <= 0:
-            raise ConfigError(f"--timeout-s {a.timeout_s}: must be > 0 seconds")
-        sweep = load_sweep(a.sweep, a.output, a.timeout_s, cuda_available=cuda, gpu_count=gpus)
-    except ConfigError as e:
-        lines = str(e).splitlines()
-        print(f"sweep.py: {a.sweep}: {len(lines)} problem(s), nothing was run:", file=sys.stderr)
-        for line in lines:
-            print(f"  {line}", file=sys.stderr)
-        return EXIT_CONFIG
+    sweeps = []
+    for file in a.sweep:  # every file checked before anything runs
+        output = str(Path(a.output_root) / Path(file).stem) if a.output_root else a.output
+        try:
+            if a.timeout_s is not None and a.timeout_s <= 0:
+                raise ConfigError(f"--timeout-s {a.timeout_s}: must be > 0 seconds")
+            sweeps.append(load_sweep(file, output, a.timeout_s, cuda_available=cuda, gpu_count=gpus))
+        except ConfigError as e:
+            lines = str(e).splitlines()
+            print(f"sweep.py: {file}: {len(lines)} problem(s), nothing was run:", file=sys.stderr)
+            for line in lines:
+                print(f"  {line}", file=sys.stderr)
+            return EXIT_CONFIG
     if a.dry_run:
-        for run in sweep.runs:
+        for run in (r for sweep in sweeps for r in sweep.runs):
             print(f"{run.name}: train_bench.py {' '.join(run.args)}")
         return 0
-    console.print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {sweep.output}/sweep.json", highlight=False)
     main_fn = None
     if a.in_process:
-        if multi := [r.name for r in sweep.runs if r.processes > 1]:
+        if multi := [r.name for sweep in sweeps for r in sweep.runs if r.processes > 1]:
             print(f"sweep.py: --in-process: runs of several processes ({', '.join(multi[:3])}): drop --in-process, "
                   "or keep to --devices 1 (--simulate-world for more ranks)", file=sys.stderr)
             return EXIT_CONFIG
         main_fn = _train_bench_main()
-    runner = Runner(sweep, console=console, in_process=main_fn)
-    with _progress(console) as progress:
-        bad = runner.run(progress)
-    counts = {}
-    for r in runner.records:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    console.print(f"sweep {sweep.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
-                  + f"   index: {runner.index_path}", highlight=False, soft_wrap=True)
-    console.print(f"report: python scripts/report.py {sweep.output}", highlight=False, soft_wrap=True)
-    if runner.stop_signal is not None:
-        return EXIT_INTERRUPTED
+    bad = 0
+    for sweep in sweeps:
+        console.print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {sweep.output}/sweep.json", highlight=False)
+        runner = Runner(sweep, console=console, in_process=main_fn)
+        with _progress(console) as progress:
+            bad += runner.run(progress)
+        counts = {}
+        for r in runner.records:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        console.print(f"sweep {sweep.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+                      + f"   index: {runner.index_path}", highlight=False, soft_wrap=True)
+        console.print(f"report: python scripts/report.py {sweep.output}", highlight=False, soft_wrap=True)
+        if runner.stop_signal is not None:
+            return EXIT_INTERRUPTED
     return 1 if bad else 0
 
 
