@@ -40,7 +40,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from flux_cp.failures import error_kind, error_line
-from flux_cp.results import RunSummary, process_start_time
+from flux_cp.results import RunSummary, run_start_time
 from flux_cp.simulate import is_fake
 from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
 
@@ -98,6 +98,7 @@ class OpTimingCallback(Callback):
     def on_train_start(self, trainer, pl_module):  # after the module's on_fit_start built the strategy
         # the backend the strategy actually uses (`auto` can be pinned, e.g. flash under torch CP)
         self.summary.header["sdpa_backend"] = pl_module.step.strategy.sdpa_backend
+        self.summary.header["sdpa_kernel"] = pl_module.step.sdpa_kernel  # what that setting ran
         self.summary.header["optimizer_params"] = pl_module.optimizer_params  # this rank's share under ZeRO
         # a fake group (simulated rank) has no one to gather from: the figures are this rank's own
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and not is_fake():
@@ -106,7 +107,7 @@ class OpTimingCallback(Callback):
             spin_cycles_per_ms()  # calibrated (it synchronises) before any step, not inside the first probe
         gc.callbacks.append(self._gc)
         self._t0 = time.perf_counter()
-        self.wall = {"process": process_start_time(), "start": time.time()}
+        self.wall = {"process": run_start_time(), "start": time.time()}
         self._regions = pl_module.timer.enabled
         self._in_loop = True
 

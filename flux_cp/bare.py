@@ -121,6 +121,7 @@ def _run(cfg: BenchConfig, report) -> int:
         gloo = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
     header = train_header(cfg, num_params(model)) | {"sdpa_backend": step.strategy.sdpa_backend,
+                                                     "sdpa_kernel": step.sdpa_kernel,
                                                      "optimizer_params": optimizer_numel(opt)}
     summary = RunSummary(Path(run.output) / "summary.json", header, run.warmup_steps)
     records, wall = [], {"start": time.time()}

@@ -175,6 +175,20 @@ class CPStrategy:
     def attention(self, q, k, v):  # (B, H, S_l, D) each
         return F.scaled_dot_product_attention(q, k, v)
 
+    def sdpa_shapes(self, b: int, h: int, s_local: int, d: int) -> tuple[tuple, tuple]:
+        """(q, k/v) shapes of this rank's SDPA call, from its local (B, H, S_l, D) q, k, v."""
+        return (b, h, s_local, d), (b, h, s_local, d)
+
+    def sdpa_kernel(self, b: int, h: int, s_local: int, d: int, dtype, device) -> str:
+        """The kernel SDPA runs for this rank's call (cudnn, flash, efficient, math): torch's own choice
+        (`_fused_sdp_choice`) under this strategy's backend setting. torch's ring runs that kernel's ring variant."""
+        qs, kvs = self.sdpa_shapes(b, h, s_local, d)
+        q, kv = torch.empty(qs, dtype=dtype, device=device), torch.empty(kvs, dtype=dtype, device=device)
+        with self.step_context() if self.name != "torch" else CPStrategy.step_context(self):  # no ring needed
+            choice = SDPBackend(torch._fused_sdp_choice(q, kv, kv))
+        return {SDPBackend.CUDNN_ATTENTION: "cudnn", SDPBackend.FLASH_ATTENTION: "flash",
+                SDPBackend.EFFICIENT_ATTENTION: "efficient", SDPBackend.MATH: "math"}.get(choice, choice.name.lower())
+
     def step_context(self):
         """Entered around forward and backward of every step."""
         stack = contextlib.ExitStack()
@@ -193,6 +207,9 @@ class AllGatherKV(CPStrategy):
             # shorter than keys, though isolated calls pass (docs/results/2026-12-02-h200-timing.md): pin flash.
             self.sdpa_backend = "flash"
 
+    def sdpa_shapes(self, b, h, s_local, d):
+        return (b, h, s_local, d), (b, h, s_local * self.world, d)  # local queries x all keys
+
     def attention(self, q, k, v):
         if self.world > 1:
             k, v = _GatherSeq.apply(torch.stack([k, v]), self.group, self.world).unbind(0)
@@ -201,6 +218,10 @@ class AllGatherKV(CPStrategy):
 
 class Ulysses(CPStrategy):
     name = "ulysses"
+
+    def sdpa_shapes(self, b, h, s_local, d):
+        full = (b, h // self.world, s_local * self.world, d)  # H/W heads over the whole sequence
+        return full, full
 
     def attention(self, q, k, v):
         if self.world == 1:

@@ -74,6 +74,9 @@ class FluxStep:
         img = shard(image_ids(data.image_height, data.image_width), 0, *self.split)
         dtype = torch.promote_types(DTYPES[run.precision], torch.float32)  # fp32 under bf16, fp64 in fp64 runs
         self.rope = model.rope(txt.to(device), img.to(device), dtype)  # (cos, sin), (S_l, head_dim)
+        m = cfg.model  # the kernel this rank's attention runs (summary.json sdpa_kernel), not only the setting
+        self.sdpa_kernel = self.strategy.sdpa_kernel(data.batch_size, m.num_heads, data.seq_len // world, m.head_dim,
+                                                     DTYPES[run.precision], device)
 
     def __call__(self, model, opt, batch: dict, backward=torch.Tensor.backward) -> torch.Tensor:
         """One optimizer step on this rank's shard of `batch`; returns the local loss (detached, on the device).

@@ -188,3 +188,4 @@ def test_bare_and_lightning_train_alike_on_cuda(tmp_path):
     assert (lit["harness"], bare["harness"]) == ("lightning", "bare")
     torch.testing.assert_close(torch.tensor(bare["loss"]), torch.tensor(lit["loss"]), rtol=1e-5, atol=0)
     assert lit["reads"]["waited_in_loop"] == 0 and lit["wall_s"]["teardown"] < 5
+    assert lit["sdpa_backend"] == bare["sdpa_backend"] == "efficient" == lit["sdpa_kernel"]  # the ring's fp32 kernel

@@ -92,6 +92,7 @@ def test_summary_has_wall_split_and_steadiness(runs):
         parts = ("startup", "warmup", "measured", "teardown")
         assert all(w[k] >= 0 for k in parts) and w["startup"] > 0 and w["measured"] > 0
         assert abs(sum(w[k] for k in parts) - w["total"]) < 0.01
+        assert d["sdpa_backend"] == "auto" and d["sdpa_kernel"] in ("flash", "math")  # what SDPA ran on this CPU
         st = d["steadiness"]
         assert st["n"] == EXACT_STEPS - 1 and st["ci95"][0] <= st["median"] <= st["ci95"][1]
         assert st["median"] == d["metrics"]["step_ms"]["median"]
