@@ -94,7 +94,7 @@ def test_in_process_sweep_trains_as_separate_processes(tmp_path):
     a sweep with a run of several processes is refused up front."""
     cfg = tmp_path / "s.yaml"
     cfg.write_text(f"name: t\nconfig: {TINY}\ntimeout_s: 60\nbase: {{wandb_mode: disabled, steps: 3, devices: 1}}\n"
-                   "axes:\n  harness: [bare, lightning]\n  cp: [none, allgather-kv]\n")
+                   "axes:\n  harness: [bare, lightning]\n")
     runs = {}
     for mode, args in (("in", ("--in-process",)), ("sub", ())):
         r = sweep(cfg, "--output", tmp_path / mode, *args)
@@ -102,7 +102,7 @@ def test_in_process_sweep_trains_as_separate_processes(tmp_path):
         for f in (tmp_path / mode).glob("*/summary.json"):
             runs[mode, f.parent.name] = json.loads(f.read_text())
     names = {name for _, name in runs}
-    assert len(names) == 4 and all(("in", n) in runs and ("sub", n) in runs for n in names)
+    assert len(names) == 2 and all(("in", n) in runs and ("sub", n) in runs for n in names)
     for n in names:
         assert runs["in", n]["loss"] == runs["sub", n]["loss"] and len(runs["in", n]["loss"]) == 4, n
     bad = tmp_path / "bad.yaml"
