@@ -33,15 +33,14 @@ from flux_cp.step import FluxStep, build_model, default_dtype
 from flux_cp.timing import StepTimer
 
 
-def _launch_ranks(run) -> list[subprocess.Popen]:
-    """Ranks 1..N-1: this command line again, told its rank by the environment (rank 0 is this process)."""
+def _launch_ranks(run, command: list[str]) -> list[subprocess.Popen]:
+    """Ranks 1..N-1: this run's command line again, told its rank by the environment (rank 0 is this process)."""
     if run.devices == 1 or "RANK" in os.environ:
         return []
     port = os.environ.get("MASTER_PORT") or str(_free_port())
     os.environ.update(MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=port,
                       WORLD_SIZE=str(run.devices), RANK="0", LOCAL_RANK="0")
-    argv = [sys.executable, *sys.argv]
-    return [subprocess.Popen(argv, env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r)})
+    return [subprocess.Popen(command, env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r)})
             for r in range(1, run.devices)]
 
 
@@ -83,10 +82,11 @@ def _wrap(model, run, device):
     return ddp, build_optimizer(model, run, device)
 
 
-def run_bare(cfg: BenchConfig, report=None) -> int:
-    """Train cfg's steps in a plain loop; the report rank writes summary.json (and calls report(summary, path))."""
+def run_bare(cfg: BenchConfig, command: list[str], report=None) -> int:
+    """Train cfg's steps in a plain loop; the report rank writes summary.json (and calls report(summary, path)).
+    command: the run's command line, which ranks 1..N-1 run again (--devices N)."""
     run = cfg.run
-    procs = _launch_ranks(run)
+    procs = _launch_ranks(run, command)
     try:
         rc = _run(cfg, report)
     except BaseException as e:

@@ -1,4 +1,4 @@
-"""Reconcile the runs under RUNS_DIR: speedups, time breakdown, predicted comm, the 1.66x, verdicts.
+"""Reconcile the runs under RUNS_DIR: speedups, time breakdown, predicted comm, the 1.66x, regimes, verdicts.
 
     python scripts/report.py runs/                      # -> runs/report/report.{md,html,json} + PNGs
     python scripts/report.py runs/ --link h200-nvlink4 --cpu-link configs/links/cpu-gloo.yaml --wandb-mode disabled
@@ -16,7 +16,15 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from flux_cp import links  # noqa: E402
-from flux_cp.report import ReportError, build, log_wandb, verdict_lines, wandb_report, write  # noqa: E402
+from flux_cp.report import (  # noqa: E402
+    ReportError,
+    build,
+    log_wandb,
+    regime_lines,
+    verdict_lines,
+    wandb_report,
+    write,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report.py: {len(report.configs)} configuration(s), {len(report.runs)} run(s), "
           f"{len(report.skipped)} skipped/partial -> {paths['md']}, {paths['html']}", file=sys.stderr)
     for line in verdict_lines(report):
+        print(f"report.py: {line}")
+    for line in regime_lines(report):  # issue 24: which W=1 baseline and work per step give the user's 1.66x
         print(f"report.py: {line}")
     for s in report.skipped:
         print(f"report.py: {s.status}: {s.path}: {s.reason}", file=sys.stderr)

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.run.harness == "bare":  # no Lightning imported: its start-up is not the bare loop's
         from flux_cp.bare import run_bare
 
-        return run_bare(cfg, report=print_summary)
+        return run_bare(cfg, [sys.executable, str(Path(__file__).resolve()), *given], report=print_summary)
     import logging
 
     import lightning  # noqa: F401  (it sets its loggers' level on import: lowered after)

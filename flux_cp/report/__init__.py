@@ -5,12 +5,23 @@ the W-GPU step from one GPU (flux_cp.predict, link profiles in configs/links).
     paths = write(report, Path("runs/report"))                        # report.md, report.html, report.json, *.png
 
 runs.py: discovery and grouping; analysis.py: parts, speedups, comm priced, verdicts, harness overhead (and build);
-reconcile.py: "Reconciling the 1.66x"; figures.py and render.py: PNGs, markdown, HTML, JSON;
+reconcile.py: "Reconciling the 1.66x"; regimes.py: the user's W >= 2 runs against each W=1 baseline and work per step,
+a verdict per regime; figures.py and render.py: PNGs, markdown, HTML, JSON;
 wandb_out.py: the wandb run and Report.
 """
 
 from .analysis import Report, analyse, build, comm_prediction, harness_overhead  # noqa: F401
 from .reconcile import reconcile  # noqa: F401
-from .render import harness_table, render_md, strict, tables, verdict_lines, write  # noqa: F401
+from .regimes import regimes  # noqa: F401
+from .render import (  # noqa: F401
+    harness_table,
+    regime_lines,
+    regimes_table,
+    render_md,
+    strict,
+    tables,
+    verdict_lines,
+    write,
+)
 from .runs import COMPUTE, OPS, PART_LABEL, PARTS, ReportError, config_key, discover, group  # noqa: F401
 from .wandb_out import log_wandb, wandb_report  # noqa: F401

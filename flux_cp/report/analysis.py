@@ -316,6 +316,7 @@ class Report:
     iso: list[dict]
     reconcile: dict | None = None  # reconcile.reconcile()'s section
     harness: dict | None = None  # harness_overhead(): Lightning rows against their bare twins
+    regimes: dict | None = None  # regimes.regimes(): the user's W >= 2 runs against every W=1 baseline kind
 
     def to_dict(self) -> dict:
         return {
@@ -324,6 +325,10 @@ class Report:
                                 "rows": [{"baseline": r.baseline, **r.a} for r in c.rows]} for c in self.configs],
             "reconcile": self.reconcile,
             "harness": self.harness,
+            "regimes": (self.regimes or {}).get("cells", []),
+            "regime_summary": (self.regimes or {}).get("summary", {}),
+            "regime_unpaired": (self.regimes or {}).get("unpaired", []),
+            "regime_notes": (self.regimes or {}).get("notes", []),
             "isolated": self.iso,
             "skipped": [{"path": str(s.path), "status": s.status, "reason": s.reason} for s in self.skipped],
         }
@@ -341,6 +346,7 @@ def build(root: Path, link=None, cpu_link=None,
     from flux_cp import links
 
     from .reconcile import reconcile
+    from .regimes import regimes
 
     root = Path(root)
     if not root.is_dir():
@@ -361,4 +367,5 @@ def build(root: Path, link=None, cpu_link=None,
     rep = Report(root, link, cpu_link, configs, runs, skipped, iso)
     rep.reconcile = reconcile(rep, user)
     rep.harness = harness_overhead(configs, runs)
+    rep.regimes = regimes(rep)
     return rep

@@ -1,5 +1,6 @@
-"""The report's PNGs: per configuration (breakdown per W, speedup vs W, op times per call) and the
-reconciliation (predicted speedup vs W with bounds, and the waterfall of the W=1 step at each W).
+"""The report's PNGs: per configuration (breakdown per W, speedup vs W, op times per call), the
+reconciliation (predicted speedup vs W with bounds, and the waterfall of the W=1 step at each W) and the regimes
+(speedup vs W per W=1 baseline and work per step, the user's 1.66x marked).
 
 Only data that exists is drawn: a part that is zero at every W has no legend entry, a configuration
 without op timings has no ops figure (the report says so instead). Lines that can coincide get distinct
@@ -9,6 +10,7 @@ markers and dash styles so that neither hides the other.
 from pathlib import Path
 
 from .reconcile import WATERFALL
+from .regimes import TOLERANCE, USER_SPEEDUP
 from .runs import OPS, PART_LABEL, PARTS
 
 STYLES = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 1))), ("P", (0, (3, 1, 1, 1)))]
@@ -152,3 +154,39 @@ def reconcile_figure(rec: dict | None, out: Path) -> list[Path]:
     bx.set_title("where the W=1 step's time goes at each W", fontsize=9)
     bx.legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
     return [_save(fig, out / "reconcile.png")]
+
+
+def regimes_figure(reg: dict | None, out: Path) -> list[Path]:
+    """Speedup vs W, one line per regime (its own W=1 baseline = 1 at W=1), prediction bounds as error bars, the
+    user's 1.66x at W=2 with its +-10% band."""
+    summary = (reg or {}).get("summary") or {}
+    if not summary:
+        return []
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8.0, 4.0 + 0.16 * len(summary)))
+    ws = sorted({int(w) for s in summary.values() for w in s["speedups"]})
+    top = max([USER_SPEEDUP * (1 + TOLERANCE), *[b for s in summary.values() for bs in s["bounds"].values()
+                                                for b in bs if b is not None],
+               *[v for s in summary.values() for v in s["speedups"].values() if v]])
+    ax.set_ylim(0, 1.15 * top)  # the ideal line is clipped: the regimes' own range, not W's, sets the scale
+    ax.plot([1, max(ws)], [1, max(ws)], color="k", ls="--", lw=1, label="ideal")
+    colors = plt.get_cmap("tab10").colors
+    for i, (rid, s) in enumerate(summary.items()):
+        pts = sorted((int(w), v) for w, v in s["speedups"].items() if v)
+        m, ls = STYLES[i % len(STYLES)]
+        color = colors[i % len(colors)]
+        ax.plot([1, *[w for w, _ in pts]], [1.0, *[v for _, v in pts]], marker=m, ls=ls, lw=1.5, ms=6, alpha=0.85,
+                color=color, label=f"{i + 1}. {rid} ({s['verdict']})")
+        b = [(w, v, *s["bounds"][str(w)]) for w, v in pts if s["bounds"][str(w)][0] is not None]
+        if b:
+            ax.errorbar([x[0] for x in b], [x[1] for x in b], yerr=[[x[1] - x[2] for x in b],
+                        [x[3] - x[1] for x in b]], ls="none", capsize=3, color=color, alpha=0.7)
+    ax.errorbar([2], [USER_SPEEDUP], yerr=[[USER_SPEEDUP * TOLERANCE], [USER_SPEEDUP * TOLERANCE]], ls="none",
+                marker="*", ms=15, color="gold", mec="k", ecolor="goldenrod", capsize=6, zorder=5,
+                label=f"user's {USER_SPEEDUP}x at W=2 (+-{TOLERANCE:.0%})")
+    ax.set_xticks(sorted({1, *ws}))
+    ax.set_xlabel("W")
+    ax.set_ylabel("speedup vs the regime's W=1 baseline")
+    ax.set_title("regimes: which W=1 baseline and which work per step give 1.66x", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    return [_save(fig, out / "regimes.png")]

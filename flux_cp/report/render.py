@@ -10,8 +10,9 @@ from pathlib import Path
 from flux_cp.links import name_of
 
 from .analysis import Report, _ratio
-from .figures import config_figures, reconcile_figure
+from .figures import config_figures, reconcile_figure, regimes_figure
 from .reconcile import WATERFALL
+from .regimes import BEYOND, RING, TOLERANCE, USER_RUN, USER_SEQ, USER_SPEEDUP
 from .runs import OPS, PART_LABEL, PARTS, Config
 
 
@@ -192,9 +193,81 @@ def reconcile_md(rec: dict | None, figs: list[Path]) -> list[str]:
     return out
 
 
+REGIMES_TITLE = "Regimes: which W=1 baseline and which work per step give 1.66x"
+
+
+def _speedup_cell(s: dict, w: str) -> str:
+    if w not in s["speedups"]:
+        return "-"
+    lo, hi = s["bounds"][w]
+    what = f" ({lo:.2f}-{hi:.2f})" if lo is not None and hi is not None else (
+        " measured" if s["basis"][w] == "measured" else "")
+    return f"{s['speedups'][w]:.2f}x{what}"
+
+
+def regimes_table(report: Report) -> tuple[str, list[str], list[list[str]]]:
+    """(title, header, rows): one row per regime, its speedup at each W (bounds: nothing .. everything overlapped)."""
+    summary = (report.regimes or {}).get("summary") or {}
+    ws = sorted({2, 4, 8} | {int(w) for s in summary.values() for w in s["speedups"]})
+    hdr = ["#", "baseline (W=1)", "batch", "depth", "compile", "Lightning sync", *[f"W={w}" for w in ws], "verdict"]
+    rows = []
+    for i, s in enumerate(summary.values(), 1):
+        b = s["baseline"]
+        mark = "" if not s["kernel_note"] else " (*)" if b["sdpa_kernel"] != "auto" else " (?)"
+        rows.append([str(i), f"{b['kind']}{mark}, {_f(b['step_ms'])} ms", str(s["batch"]), s["depth"], s["compile"],
+                     s["lightning_sync"], *[_speedup_cell(s, str(w)) for w in ws], s["verdict"]])
+    return REGIMES_TITLE, hdr, rows
+
+
+def regimes_md(report: Report, figs: list[Path]) -> list[str]:
+    reg = report.regimes or {}
+    out = [f"## {REGIMES_TITLE}", ""]
+    user = (f"torch's ring (`cp: {USER_RUN['cp']}`, `rotate: {USER_RUN['rotate']}`), {USER_RUN['weights'].upper()}, "
+            f"SDPA setting {USER_RUN['sdpa_backend']}, bf16, {USER_SEQ} tokens")
+    if not reg.get("summary"):
+        out += [f"No W >= 2 run of the user's configuration ({user}) paired with a W=1 baseline of the same "
+                "device, model, data and run settings: no regime to judge.", ""]
+    else:
+        title, hdr, rows = regimes_table(report)
+        lo, hi = USER_SPEEDUP * (1 - TOLERANCE), USER_SPEEDUP * (1 + TOLERANCE)
+        out += [f"Each W >= 2 run of the user's configuration ({user}; batch, depth, compile and harness vary) "
+                "divided into every W=1 baseline with the same device, model, data and run settings but the "
+                f"strategy's: a plain `--cp none` step named by the SDPA kernel it ran, or {RING} (the seed's "
+                "--nproc-per-node 1). Simulated ranks: the predicted step (communication priced with "
+                f"{name_of(report.link)}), bounds nothing .. everything overlapped; real processes: measured. "
+                f"Reproduces: W=2 in {lo:.3g}-{hi:.3g}x (the user's {USER_SPEEDUP}x +-{TOLERANCE:.0%}) and no larger "
+                f"W at {BEYOND:g}x the W=2 speedup or more; incomplete without a W=2 run.", "",
+                _md_table(hdr, rows), ""]
+        notes: dict[str, list[str]] = {}
+        for i, s in enumerate(reg["summary"].values(), 1):
+            if s["kernel_note"]:
+                notes.setdefault(s["kernel_note"], []).append(str(i))
+        if notes:
+            out += ["Rows that pair a W >= 2 ring run (the ring pins flash) with a W=1 baseline of another SDPA kernel "
+                    "are marked (*), with a baseline whose kernel is not recorded (?):", ""]
+            out += [f"- {n} (row{'s' if len(nums) > 1 else ''} {', '.join(nums)})" for n, nums in notes.items()] + [""]
+        for i, (rid, s) in enumerate(reg["summary"].items(), 1):
+            extra = "".join(f" ({n})" for n in s["notes"])
+            out.append(f"- **{i}. {s['verdict']}** ({rid}): {s['reason']}. Mechanism: {s['mechanism']}.{extra}")
+        out += [""] + [f"![{p.stem}]({p.name})" for p in figs] + [""]
+    if reg.get("unpaired"):
+        out += ["W >= 2 runs of the user's configuration with no W=1 baseline of their settings: " + ", ".join(
+            f"{u['run']} (W={u['W']}, batch {u['batch']}, depth {u['depth']}, {u['compile']}, {u['lightning_sync']})"
+            for u in reg["unpaired"]) + ".", ""]
+    out += [f"- {n}" for n in reg.get("notes", [])] + ([""] if reg.get("notes") else [])
+    return out
+
+
+def regime_lines(report: Report) -> list[str]:
+    """What the CLI prints: one line per regime with its verdict."""
+    summary = (report.regimes or {}).get("summary") or {}
+    return [f"regime {i}. {rid}: {s['verdict']} ({s['reason']})" for i, (rid, s) in enumerate(summary.items(), 1)]
+
+
 def render_md(report: Report, figs: dict[str, list[Path]]) -> str:
     out = ["# flux-cp report", "", *[p + "\n" for p in _intro(report)]]
     out += reconcile_md(report.reconcile, figs.get("reconcile", []))
+    out += regimes_md(report, figs.get("regimes", []))
     out += harness_md(report)
     if not report.configs:
         out.append("No complete train runs: nothing to reconcile.\n")
@@ -249,7 +322,7 @@ def strict(x):
     return x if isinstance(x, (str, int, bool)) or x is None else str(x)
 
 
-FIGURE = re.compile(r"^(c\d+_(breakdown|speedup|ops)|reconcile)\.png$")  # what this module writes
+FIGURE = re.compile(r"^(c\d+_(breakdown|speedup|ops)|reconcile|regimes)\.png$")  # what this module writes
 
 
 def write(report: Report, out: Path) -> dict:
@@ -261,6 +334,7 @@ def write(report: Report, out: Path) -> dict:
             p.unlink()
     figs = config_figures(report, out)
     figs["reconcile"] = reconcile_figure(report.reconcile, out)
+    figs["regimes"] = regimes_figure(report.regimes, out)
     paths = {"md": out / "report.md", "html": out / "report.html", "json": out / "report.json"}
     md = render_md(report, figs)
     paths["md"].write_text(md)

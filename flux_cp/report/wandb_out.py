@@ -7,7 +7,7 @@ from pathlib import Path
 from flux_cp.links import name_of
 
 from .analysis import Report
-from .render import _intro, _skipped_rows, harness_table, tables
+from .render import _intro, _skipped_rows, harness_table, regimes_table, tables
 from .runs import OPS
 
 
@@ -30,6 +30,9 @@ def log_wandb(report: Report, paths: dict, out: Path, mode: str) -> Path | None:
         _, hdr, rows = harness_table(report)
         if rows:
             run.log({"harness_overhead": wandb.Table(columns=hdr, data=rows)})
+        _, hdr, rows = regimes_table(report)
+        if rows:
+            run.log({"regimes": wandb.Table(columns=hdr, data=rows)})
         if report.reconcile:
             run.summary["reconcile"] = " ".join(report.reconcile["answer"])
         for p in paths["png"]:

@@ -1,0 +1,285 @@
+"""Regimes (issue 24): which W=1 baseline and which work per step give the user's 1.66x, from the run folders alone.
+
+The user's configuration: torch's ring (`cp: torch`, `rotate: allgather`), DDP, SDPA setting auto (the ring pins
+flash), bf16, 4608 tokens, pure CP; batch, depth, compile and the harness vary as the regime's axes. A regime is
+everything a speedup depends on but W: the W=1 baseline it divides (a `--cp none` run, labelled by the SDPA kernel it
+ran, or `--cp torch` at world size 1: the seed script's --nproc-per-node 1 case), batch, depth (double + single
+blocks), compile, harness and Lightning's SIGTERM sync cadence. A cell pairs one W >= 2 run of the user's
+configuration with one W=1 baseline of the same device, model, data and run settings but the strategy's, the world's
+and bookkeeping (match_key). A simulated rank's step is the report's prediction (analysis.analyse_row: compute
+measured, communication priced from its ledger by flux_cp.predict with the --link profile, with its bounds); real
+processes' is their measured step. Per regime: "reproduces" when W=2 is within 10% of 1.66x and no larger W adds 25%
+or more over W=2, "does not reproduce" (with the reason), "incomplete" without a W=2 cell; and the mechanism, from the
+runs' numbers (reconcile's waterfall, the W=2 rank's device busy against its host time).
+"""
+
+import json
+
+from flux_cp.links import for_world
+
+from .analysis import analyse_row
+from .reconcile import USER_SPEEDUP, WATERFALL, _waterfall
+from .runs import BOOKKEEPING, Run, _first_line, _latest, harness
+
+TOLERANCE = 0.10  # W=2 within 10% of the user's 1.66x
+BEYOND = 1.25  # "little gain beyond 2": a larger W's speedup under 1.25x the W=2 one
+USER_SEQ = 4608
+USER_RUN = {"cp": "torch", "rotate": "allgather", "weights": "ddp", "sdpa_backend": "auto"}
+RING = "context_parallel at world size 1"  # the W=1 baseline kind of a --cp torch run
+# run settings a baseline may differ in from the W >= 2 run: the strategy's (a plain W=1 step has none), the world's,
+# bookkeeping; compile and the harness's sync compared as the regime's labels (normalised: compile_label, sync_label)
+IGNORED = frozenset((*BOOKKEEPING, "cp", "cp_degree", "rotate", "weights", "sdpa_backend", "simulate_world",
+                     "simulate_rank", "devices", "num_nodes", "accelerator", "compile", "compile_mode",
+                     "compile_backend", "compile_scope"))
+KERNEL_ORDER = ("cudnn", "flash", "efficient", "math", "auto")
+
+
+# ---------------------------------------------------------------- what a run is
+
+
+def kernel(d: dict) -> str:
+    """The SDPA kernel the run's attention ran: `sdpa_kernel`, else (older summaries) the backend the strategy set."""
+    return d.get("sdpa_kernel") or d.get("sdpa_backend") or d["config"]["run"].get("sdpa_backend") or "auto"
+
+
+def baseline_kind(d: dict) -> str:
+    return RING if d["cp"] == "torch" else f"plain W=1, {kernel(d)}"
+
+
+def _weights(d: dict) -> str:
+    w = d.get("weights") or d["config"]["run"].get("weights", "ddp")
+    return {"zero": "ddp"}.get(w, w) if d["world_size"] == 1 else w  # ZeRO-1 at W=1 is DDP's step
+
+
+def _seq(d: dict) -> int:
+    data = d["config"]["data"]
+    return data["image_height"] * data["image_width"] + data["text_tokens"]
+
+
+def depth(d: dict) -> str:
+    m = d["config"]["model"]
+    return f"{m.get('double_blocks')}+{m.get('single_blocks')}"
+
+
+def compile_label(run: dict) -> str:
+    if not run.get("compile"):
+        return "eager"
+    what = [run.get("compile_mode") or "default"]
+    what += [f"scope {s}"] if (s := run.get("compile_scope") or "blocks") != "blocks" else []
+    what += [b] if (b := run.get("compile_backend") or "inductor") != "inductor" else []
+    return f"compiled ({', '.join(what)})"
+
+
+def sigterm_every(d: dict) -> int | None:
+    """Lightning's SIGTERM check cadence (None for the bare loop); summaries before the setting: every step."""
+    if harness(d) == "bare":
+        return None
+    n = d["config"]["run"].get("sigterm_every")
+    return 1 if n is None else int(n)
+
+
+def sync_label(d: dict) -> str:
+    n = sigterm_every(d)
+    return "bare" if n is None else "lightning (SIGTERM sync every step)" if n == 1 else f"lightning (sync every {n})"
+
+
+def match_key(d: dict) -> str:
+    """What a W >= 2 run and its W=1 baseline share: device, model, data (not the seed), every run setting but the
+    strategy's, the world's and bookkeeping, compile, harness and sync cadence, loader and timing."""
+    cfg, run = d["config"], d["config"]["run"]
+    rest = {k: v for k, v in run.items() if k not in IGNORED}
+    data = {k: v for k, v in cfg["data"].items() if k != "seed"}
+    return json.dumps([d["mode"], d["env"]["device"], cfg["model"], data, rest, compile_label(run), sync_label(d),
+                       run.get("loader", "device"), run.get("timing", True)], sort_keys=True)
+
+
+def is_user(r: Run) -> bool:
+    """A W >= 2 run of the user's configuration (simulated or real)."""
+    d, run = r.d, r.d["config"]["run"]
+    return (d["mode"] == "train" and r.W >= 2 and d["cp"] == USER_RUN["cp"] and _weights(d) == USER_RUN["weights"]
+            and run.get("rotate", "allgather") == USER_RUN["rotate"]
+            and run.get("sdpa_backend", "auto") == USER_RUN["sdpa_backend"]
+            and str(run.get("precision")).startswith("bf16") and _seq(d) == USER_SEQ
+            and not run.get("split_conditioning") and run.get("cp_degree") in (None, r.W))
+
+
+def is_baseline(r: Run) -> bool:
+    """A W=1 run a speedup may divide: plain (`--cp none`), or the user's ring at world size 1."""
+    d, run = r.d, r.d["config"]["run"]
+    if d["mode"] != "train" or r.W != 1 or r.simulated:
+        return False
+    return d["cp"] == "none" or (d["cp"] == USER_RUN["cp"] and run.get("rotate", "allgather") == USER_RUN["rotate"]
+                                 and _weights(d) == USER_RUN["weights"]
+                                 and run.get("sdpa_backend", "auto") == USER_RUN["sdpa_backend"])
+
+
+def kernel_note(base: dict, ring: dict) -> str | None:
+    """Said on every cell whose baseline ran another SDPA kernel than the W >= 2 ring run (the ring pins flash)."""
+    bk, rk = kernel(base), kernel(ring)
+    if bk == "auto":
+        return (f"the baseline's SDPA kernel is not recorded (setting auto, an older summary): it may differ from the "
+                f"ring's {rk}")
+    if bk != rk:
+        return (f"baseline SDPA kernel {bk}, the ring's {rk}: the speedup includes the change of kernel, not only "
+                "the split")
+    return None
+
+
+# ---------------------------------------------------------------- cells and verdicts
+
+
+def _mechanism(kind: str, base: dict, a: dict, W: int, run: Run) -> str:
+    """One sentence, the cell's numbers: the W=1 step, the W step, device busy vs host, and the largest loss."""
+    t1, tw = base["step_ms"], a["projected_step_ms"]
+    how = "predicted" if a["collectives"] == "fake" else "measured"
+    wf = _waterfall(base, a, W)
+    timed = all(x["regions_ms"]["sdpa_fwd"] is not None for x in (base, a))
+    idle = all(x["idle_ms"] is not None for x in (base, a))
+    folded = [w for w, ok in (("host", idle), ("attention", timed)) if not ok]
+    losses = {"communication (exposed)": wf["exposed comm"],
+              "non-scaling compute" + (f" (with {' and '.join(folded)}: not split in this loop)" if folded else ""):
+                  wf["non-scaling compute"]}
+    losses |= {"attention (chunking)": wf["attention chunking"]} if timed else {}
+    losses |= {"host (device idle)": wf["host-bound"]} if idle else {}
+    top = max(losses, key=losses.get)
+    rest = sorted(((k, v) for k, v in losses.items() if k != top), key=lambda x: -x[1])
+    busy, host, step = run.metric("device_busy_ms"), a["host_ms"], a["step_ms"]
+    if busy is not None:
+        bound = "host-bound" if busy < 0.9 * step else "device-bound"
+        dev = (f"the W={W} rank's device is busy {busy:.3g} ms of its {step:.3g} ms step, its host takes "
+               f"{host:.3g} ms: {bound}")
+    else:
+        dev = f"device busy not recorded at W={W} ({harness(run.d)} loop), host {host:.3g} ms per {step:.3g} ms step"
+    return (f"{kind}: W=1 step {t1:.3g} ms, W={W} {how} {tw:.3g} ms ({t1 / tw:.2f}x, ideal {wf[WATERFALL[0]]:.3g} ms); "
+            f"{dev}; against the ideal the step is {tw - wf[WATERFALL[0]]:+.3g} ms, the largest part {top} "
+            f"{losses[top]:+.3g} ms (" + ", ".join(f"{k} {v:+.3g}" for k, v in rest) + " ms)")
+
+
+def verdict(speedups: dict[int, float]) -> tuple[str, str]:
+    """(verdict, reason) of one regime from its speedups by W."""
+    lo, hi = USER_SPEEDUP * (1 - TOLERANCE), USER_SPEEDUP * (1 + TOLERANCE)
+    s2 = speedups.get(2)
+    if s2 is None:
+        return "incomplete", (f"no W=2 run (only W={', '.join(map(str, sorted(speedups)))}): the user's "
+                              f"{USER_SPEEDUP}x is not tested")
+    why, more = [], []
+    if not lo <= s2 <= hi:
+        far = "far " if abs(s2 / USER_SPEEDUP - 1) > 2 * TOLERANCE else ""
+        why.append(f"W=2 {s2:.2f}x, {far}{'below' if s2 < lo else 'above'} {USER_SPEEDUP}x (band {lo:.2f}-{hi:.2f}x)")
+    for w, s in sorted(speedups.items()):
+        if w > 2:
+            (why if s / s2 >= BEYOND else more).append(f"W={w} adds {s / s2 - 1:.0%} over W=2 ({s:.2f}x)")
+    if why:
+        return "does not reproduce", "; ".join(why)
+    beyond = "; " + ", ".join(more) + f": under {BEYOND - 1:.0%}" if more else "; no W > 2 run"
+    return "reproduces", f"W=2 {s2:.2f}x, within {TOLERANCE:.0%} of {USER_SPEEDUP}x" + beyond
+
+
+def _label_ids(keys: dict) -> dict:
+    """Readable regime ids; the device (then a number) added where two regimes would read the same."""
+    names = {k: " | ".join((v["baseline"]["kind"], f"batch {v['batch']}", f"depth {v['depth']}", v["compile"],
+                            v["lightning_sync"])) for k, v in keys.items()}
+    out = {}
+    for k, n in names.items():
+        same = [x for x in keys if names[x] == n]
+        if len(same) > 1:
+            n += f" | {keys[k]['device']}"
+            if sum(names[x] + f" | {keys[x]['device']}" == n for x in same) > 1:
+                n += f" #{same.index(k) + 1}"
+        out[k] = n
+    return out
+
+
+def _order(v: dict) -> tuple:
+    kind = v["baseline"]["kind"]
+    k = KERNEL_ORDER.index(v["baseline"]["sdpa_kernel"]) if v["baseline"]["sdpa_kernel"] in KERNEL_ORDER else 9
+    blocks = tuple(int(x) if x.isdigit() else 0 for x in v["depth"].split("+"))
+    return (v["device"], v["harness"], v["lightning_sync"], v["compile"], sum(blocks), blocks, v["batch"], kind == RING,
+            k, kind)
+
+
+def regimes(report) -> dict:
+    """{"cells": [...], "summary": {regime id: ...}, "unpaired": [...], "notes": [...]} for report.json."""
+    notes, users, bases = [], {}, {}
+    for r in report.runs:
+        try:
+            if r.d["mode"] != "train":
+                continue
+            if is_user(r):
+                users.setdefault((match_key(r.d), r.W, "predicted" if r.fake_collectives else "measured"), []).append(r)
+            elif is_baseline(r):
+                bases.setdefault(match_key(r.d), {}).setdefault(baseline_kind(r.d), []).append(r)
+        except (KeyError, TypeError, ValueError) as e:
+            notes.append(f"{r.name}: left out of the regimes ({type(e).__name__}: {_first_line(e)})")
+    rows: dict[str, dict] = {}
+
+    def row(run: Run, W: int) -> dict:  # the report's own analysis of one run (cached per run)
+        if str(run.path) not in rows:
+            link = report.link if run.on_gpu else report.cpu_link
+            rows[str(run.path)] = analyse_row(run, W, for_world(link, W) if W > 1 else None)
+        return rows[str(run.path)]
+
+    regs: dict[tuple, dict] = {}
+    unpaired = []
+    for (mk, W, basis), group in sorted(users.items(), key=lambda x: (x[0][0], x[0][1], x[0][2])):
+        run, dup = _latest(group)
+        if not bases.get(mk):
+            unpaired.append({"run": run.name, "path": str(run.path), "W": W, "batch": run.d["config"]["data"][
+                "batch_size"], "depth": depth(run.d), "compile": compile_label(run.d["config"]["run"]),
+                "lightning_sync": sync_label(run.d)})
+            continue
+        for kind, candidates in bases[mk].items():
+            b, bdup = _latest(candidates)
+            try:
+                base, a = row(b, 1), row(run, W)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+                notes.append(f"{run.name} with {b.name}: not analysed ({type(e).__name__}: {_first_line(e)})")
+                continue
+            reg = regs.setdefault((mk, kind), {
+                "baseline": {"kind": kind, "sdpa_kernel": kernel(b.d), "sdpa_backend": b.d["config"]["run"].get(
+                    "sdpa_backend", "auto"), "cp": b.d["cp"], "run": b.name, "path": str(b.path),
+                    "step_ms": base["step_ms"]},
+                "batch": run.d["config"]["data"]["batch_size"], "depth": depth(run.d),
+                "compile": compile_label(run.d["config"]["run"]), "harness": harness(run.d),
+                "lightning_sync": sync_label(run.d), "sigterm_every": sigterm_every(run.d),
+                "device": run.d["env"]["device"], "cells": [], "notes": []})
+            if bdup and (n := f"{len(bdup)} other W=1 run(s) of this baseline; using the latest, {b.name}") \
+                    not in reg["notes"]:
+                reg["notes"].append(n)
+            if dup:
+                reg["notes"].append(f"{len(dup)} other {basis} run(s) at W={W}; using the latest, {run.name}")
+            p, t1, pred = a["prediction"], base["step_ms"], a["projected_step_ms"]
+            fake = a["collectives"] == "fake"
+            reg["cells"].append({
+                "W": W, "basis": basis, "run": run.name, "path": str(run.path), "sdpa_kernel": kernel(run.d),
+                "step_ms": a["step_ms"], "baseline_step_ms": t1, "predicted_step_ms": pred,
+                "speedup": t1 / pred, "speedup_bounds": [t1 / p["upper_ms"], t1 / p["lower_ms"]] if fake else
+                [None, None], "link": p["link"] if fake else None, "comm_source": p["source"] if fake else
+                "measured (real processes)", "kernel_note": kernel_note(b.d, run.d),
+                "host_ms": a["host_ms"], "device_busy_ms": run.metric("device_busy_ms"),
+                "mechanism": _mechanism(kind, base, a, W, run)})
+    ids = _label_ids(regs)
+    cells, summary = [], {}
+    for key, reg in sorted(regs.items(), key=lambda x: _order(x[1])):
+        rid = ids[key]
+        by_w: dict[int, dict] = {}
+        for c in sorted(reg["cells"], key=lambda c: (c["W"], c["basis"])):  # measured before predicted
+            by_w.setdefault(c["W"], c)
+        speedups = {w: c["speedup"] for w, c in by_w.items()}
+        v, why = verdict(speedups)
+        first = by_w.get(2) or by_w[min(by_w)]
+        head = {k: reg[k] for k in ("baseline", "batch", "depth", "compile", "harness", "lightning_sync",
+                                    "sigterm_every", "device")}
+        summary[rid] = {**head, "verdict": v, "reason": why, "mechanism": first["mechanism"],
+                        "speedups": {str(w): s for w, s in sorted(speedups.items())},
+                        "bounds": {str(w): c["speedup_bounds"] for w, c in sorted(by_w.items())},
+                        "basis": {str(w): c["basis"] for w, c in sorted(by_w.items())},
+                        "kernel_note": first["kernel_note"], "notes": reg["notes"]}
+        for c in sorted(reg["cells"], key=lambda c: (c["W"], c["basis"])):
+            cells.append({"regime": rid, **head, "W": c["W"], "step_ms": c["step_ms"],
+                          "baseline_step_ms": c["baseline_step_ms"], "predicted_step_ms": c["predicted_step_ms"],
+                          "speedup": c["speedup"], "speedup_bounds": c["speedup_bounds"], "verdict": v, "reason": why,
+                          "mechanism": c["mechanism"], "run": c["run"],
+                          **{k: c[k] for k in ("basis", "path", "sdpa_kernel", "kernel_note", "link", "comm_source",
+                                               "host_ms", "device_busy_ms")}})
+    return {"cells": cells, "summary": summary, "unpaired": unpaired, "notes": notes}

@@ -1,0 +1,260 @@
+"""Regimes in the report (issue 24): run folders built from real H200 summaries (docs/results/2026-12-03-h200-harness,
+call1) with their step medians, batch, depth, SDPA kernel and Lightning sync cadence set, over the axes baseline kernel
+x batch (+ depth, harness). Every expected cell and no other, speedups equal to the W=1 median over the report's own
+prediction (flux_cp.predict on the run's ledger), verdicts from those numbers, and the note on a baseline of another
+SDPA kernel than the ring's."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from flux_cp import links
+from flux_cp.predict import predict_ledger
+from flux_cp.report import build, regime_lines
+from flux_cp.report import write as write_report
+from flux_cp.report.regimes import verdict
+from flux_cp.results import stats
+
+from .conftest import ROOT
+
+CALL1 = ROOT / "docs" / "results" / "2026-12-03-h200-harness" / "call1"
+SIM = {2: CALL1 / "flux_harness" / "simulate_world-2_harness-bare",
+       8: CALL1 / "flux_harness" / "simulate_world-8_harness-bare"}
+SIM_LIT = {W: CALL1 / "flux_harness" / f"simulate_world-{W}_harness-lightning" for W in (2, 4)}
+W1 = CALL1 / "flux_harness_w1"
+NONE_W1, RING_W1 = W1 / "cp-none_harness-bare", W1 / "cp-torch_harness-bare"
+NONE_W1_LIT = W1 / "cp-none_harness-lightning"
+LINK = links.load("h200-nvlink4")
+# W >= 2 step medians, ms: batch 1 gains little beyond W=2, batch 4 keeps gaining
+SIM_MS = {(1, "2+4", 2): 75.0, (1, "2+4", 8): 70.0, (4, "2+4", 2): 100.0, (4, "2+4", 8): 40.0, (1, "6+12", 8): 90.0}
+# each baseline's step as a multiple of the W=2 predicted step of its batch: the W=2 speedup it must give
+TARGET = {(1, "cudnn"): 1.66, (1, "flash"): 1.00, (1, "ring"): 1.20, (4, "cudnn"): 1.70, (4, "flash"): 2.20,
+          (4, "auto"): 1.55}
+CUDNN, FLASH, AUTO = "plain W=1, cudnn", "plain W=1, flash", "plain W=1, auto"
+RING = "context_parallel at world size 1"
+
+
+def rid(kind: str, batch: int, depth: str = "2+4", sync: str = "bare") -> str:
+    return f"{kind} | batch {batch} | depth {depth} | eager | {sync}"
+
+
+def summary(template, name: str, step_ms: float, batch: int = 1, depth: str = "2+4", **top) -> dict:
+    """A real summary with its step median, batch and depth set, and top-level keys (sdpa_kernel, ...) changed."""
+    d = json.loads((template / "summary.json").read_text())
+    steps = [step_ms] * 8
+    d["run_name"], d["per_step"]["step_ms"], d["metrics"]["step_ms"] = name, steps, stats(steps)
+    d["config"]["data"]["batch_size"] = batch
+    d["config"]["model"]["double_blocks"], d["config"]["model"]["single_blocks"] = map(int, depth.split("+"))
+    for k, v in top.items():
+        if v is None:
+            d.pop(k, None)
+        else:
+            d[k] = v
+    return d
+
+
+def put(root, name: str, d: dict, age: int = 50):
+    p = root / name / "summary.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(d))
+    os.utime(p, (2_000_000_000 - age, 2_000_000_000 - age))
+    return d
+
+
+def predicted(d: dict, W: int):
+    """What the report must use for a simulated rank: its ledger priced and placed by flux_cp.predict."""
+    return predict_ledger(d["comm"]["ledger"], links.for_world(LINK, W), step_ms=d["metrics"]["step_ms"]["median"])
+
+
+def no_sigterm(d: dict) -> dict:  # a summary from before --sigterm-every: stock Lightning, every step
+    d["config"]["run"].pop("sigterm_every")
+    return d
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("regimes")
+    sims, pred = {}, {}
+    for (batch, depth, W), ms in SIM_MS.items():
+        kern = {"sdpa_kernel": "flash"} if W == 2 else {}  # W=8: an older summary, the kernel from sdpa_backend
+        d = put(root, f"sim-b{batch}-{depth}-w{W}", summary(SIM[W], f"sim-b{batch}-{depth}-w{W}", ms, batch, depth,
+                                                          **kern))
+        sims[batch, depth, W], pred[batch, depth, W] = d, predicted(d, W)
+    # an older W=2 run of the same regime, far slower: the latest is used
+    put(root, "sim-b1-old", summary(SIM[2], "sim-b1-old", 300.0, 1, sdpa_kernel="flash"), age=500)
+    base = {}
+    for (batch, kind), x in TARGET.items():
+        ms = x * pred[batch, "2+4", 2].predicted_ms
+        name = f"w1-b{batch}-{kind}"
+        if kind == "ring":
+            d = summary(RING_W1, name, ms, batch, sdpa_kernel="flash")
+        elif kind == "auto":  # an older summary: no sdpa_kernel, the setting auto
+            d = summary(NONE_W1, name, ms, batch, sdpa_kernel=None)
+        else:
+            d = summary(NONE_W1, name, ms, batch, sdpa_kernel=kind)
+            if kind == "flash":
+                d["config"]["run"]["sdpa_backend"] = d["sdpa_backend"] = "flash"
+        base[batch, kind] = put(root, name, d)
+    # depth 6 + 12: a baseline and W=8 only: incomplete
+    base["deep"] = put(root, "w1-deep", summary(NONE_W1, "w1-deep", 200.0, 1, "6+12", sdpa_kernel="cudnn"))
+    # Lightning: stock (no sigterm_every: every step) at W=1 and W=2, paired; a W=2 at every 100 steps has no W=1
+    lit = put(root, "lit-w1", no_sigterm(summary(NONE_W1_LIT, "lit-w1", 150.0, sdpa_kernel="cudnn")))
+    lit2 = put(root, "lit-w2", no_sigterm(summary(SIM_LIT[2], "lit-w2", 95.0, sdpa_kernel="flash")))
+    put(root, "lit-w2-every100", summary(SIM_LIT[2], "lit-w2-every100", 95.0, sdpa_kernel="flash"))
+    # W=4 on 4 real processes (measured: 1.06x the W=2 speedup) and as a simulated rank (predicted: far more); the
+    # regime's W=4 speedup is the measured one
+    put(root, "lit-w4-sim", no_sigterm(summary(SIM_LIT[4], "lit-w4-sim", 55.0, sdpa_kernel="flash")))
+    real = no_sigterm(summary(SIM_LIT[4], "lit-w4-real", 90.0, sdpa_kernel="flash"))
+    real |= {"simulate_world": None, "simulate": None, "collectives": "real", "world_size": 4, "loss": [1.0] * 8}
+    real["config"]["run"] |= {"simulate_world": None, "devices": 4}
+    put(root, "lit-w4-real", real)
+    # never a cell: another model at W=1, and W=2 runs that are not the user's configuration
+    odd = summary(NONE_W1, "w1-heads8", 50.0, 1, sdpa_kernel="cudnn")
+    odd["config"]["model"]["num_heads"] = 8
+    put(root, "w1-heads8", odd)
+    alltoall = summary(SIM[2], "sim-alltoall", 60.0, 1)
+    alltoall["config"]["run"]["rotate"] = "alltoall"
+    put(root, "sim-alltoall", alltoall)
+    ulysses = summary(SIM[2], "sim-ulysses", 60.0, 1)
+    ulysses["cp"] = ulysses["config"]["run"]["cp"] = "ulysses"
+    put(root, "sim-ulysses", ulysses)
+    report = build(root, link=LINK)
+    paths = write_report(report, root / "report")
+    return {"root": root, "report": report, "json": json.loads(paths["json"].read_text()),
+            "md": paths["md"].read_text(), "sims": sims, "pred": pred, "base": base, "lit": (lit, lit2)}
+
+
+def regimes_section(md: str) -> str:
+    start = md.index("## Regimes")
+    return md[start:md.index("\n## ", start)]
+
+
+def cells(built, basis: str = "predicted") -> dict:
+    return {(c["regime"], c["W"]): c for c in built["json"]["regimes"] if c["basis"] == basis}
+
+
+def test_every_expected_cell_and_no_other(built):
+    expected = {(rid(k, b), W) for b, kinds in ((1, (CUDNN, FLASH, RING)), (4, (CUDNN, FLASH, AUTO)))
+                for k in kinds for W in (2, 8)}
+    expected |= {(rid(CUDNN, 1, "6+12"), 8), (rid(CUDNN, 1, sync="lightning (SIGTERM sync every step)"), 2)}
+    got = cells(built)
+    lit = rid(CUDNN, 1, sync="lightning (SIGTERM sync every step)")
+    assert len(built["json"]["regimes"]) == 16 and set(got) == expected | {(lit, 4)}
+    assert set(cells(built, "measured")) == {(lit, 4)}
+    # no W=1 ring baseline at batch 4: that regime is absent, not empty
+    assert rid(RING, 4) not in built["json"]["regime_summary"]
+    # the every-100-steps Lightning run is not paired with the every-step baseline: listed as unpaired
+    (u,) = built["json"]["regime_unpaired"]
+    assert u["run"] == "lit-w2-every100" and u["lightning_sync"] == "lightning (sync every 100)"
+    for c in got.values():
+        assert c["run"] not in ("sim-alltoall", "sim-ulysses", "sim-b1-old", "lit-w2-every100")
+        assert c["baseline"]["run"] != "w1-heads8"
+        assert set(c) >= {"regime", "baseline", "batch", "depth", "compile", "harness", "lightning_sync", "W",
+                          "step_ms", "baseline_step_ms", "predicted_step_ms", "speedup", "speedup_bounds", "verdict",
+                          "reason", "mechanism", "run"}
+        assert set(c["baseline"]) >= {"kind", "sdpa_kernel", "cp", "run"}
+
+
+def test_speedups_are_the_baseline_over_the_prediction(built):
+    got = cells(built)
+    for (batch, kind), x in TARGET.items():
+        label = {"cudnn": CUDNN, "flash": FLASH, "ring": RING, "auto": AUTO}[kind]
+        b = built["base"][batch, kind]
+        t1 = b["metrics"]["step_ms"]["median"]
+        for W in (2, 8):
+            c, p, d = got[rid(label, batch), W], built["pred"][batch, "2+4", W], built["sims"][batch, "2+4", W]
+            assert c["run"] == d["run_name"] and c["baseline"]["run"] == b["run_name"]
+            assert c["batch"] == batch and c["depth"] == "2+4" and c["compile"] == "eager" and c["harness"] == "bare"
+            assert c["step_ms"] == d["metrics"]["step_ms"]["median"] and c["baseline_step_ms"] == t1
+            assert c["predicted_step_ms"] == pytest.approx(p.predicted_ms, rel=1e-12)
+            assert c["speedup"] == pytest.approx(t1 / p.predicted_ms, rel=1e-12)
+            assert c["speedup_bounds"] == pytest.approx([t1 / p.upper_ms, t1 / p.lower_ms], rel=1e-12)
+            assert c["basis"] == "predicted" and c["link"] == LINK.name
+        assert got[rid(label, batch), 2]["speedup"] == pytest.approx(x, rel=1e-9)  # the target set above
+    lit, lit2 = built["lit"]
+    c = got[rid(CUDNN, 1, sync="lightning (SIGTERM sync every step)"), 2]
+    assert c["speedup"] == pytest.approx(150.0 / predicted(lit2, 2).predicted_ms, rel=1e-12)
+    assert c["device_busy_ms"] == lit2["metrics"]["device_busy_ms"]["median"]
+    assert f"busy {c['device_busy_ms']:.3g} ms" in c["mechanism"]
+    real = cells(built, "measured")[rid(CUDNN, 1, sync="lightning (SIGTERM sync every step)"), 4]
+    assert real["run"] == "lit-w4-real" and real["predicted_step_ms"] == real["step_ms"] == 90.0
+    assert real["speedup"] == pytest.approx(150.0 / 90.0, rel=1e-12) and real["speedup_bounds"] == [None, None]
+
+
+def test_verdicts_come_from_the_runs(built):
+    s = built["json"]["regime_summary"]
+    ok = s[rid(CUDNN, 1)]  # 1.66x at W=2, W=8 adds under 25%
+    assert ok["verdict"] == "reproduces" and ok["reason"].startswith("W=2 1.66x, within 10% of 1.66x; W=8 adds")
+    assert ok["speedups"]["8"] / ok["speedups"]["2"] < 1.25
+    assert s[rid(FLASH, 1)]["verdict"] == "does not reproduce"
+    assert s[rid(FLASH, 1)]["reason"].startswith("W=2 1.00x, far below 1.66x")
+    assert s[rid(RING, 1)]["verdict"] == "does not reproduce" and "W=2 1.20x, far below" in s[rid(RING, 1)]["reason"]
+    keeps = s[rid(CUDNN, 4)]  # 1.70x at W=2, in the band, but W=8 keeps gaining
+    gain = keeps["speedups"]["8"] / keeps["speedups"]["2"] - 1
+    assert keeps["verdict"] == "does not reproduce" and gain > 0.25
+    assert keeps["reason"] == f"W=8 adds {gain:.0%} over W=2 ({keeps['speedups']['8']:.2f}x)"
+    assert "W=2 2.20x, far above 1.66x" in s[rid(FLASH, 4)]["reason"]
+    assert s[rid(CUDNN, 1, "6+12")]["verdict"] == "incomplete" and "no W=2 run" in s[rid(CUDNN, 1, "6+12")]["reason"]
+    lit = s[rid(CUDNN, 1, sync="lightning (SIGTERM sync every step)")]  # W=4 measured, not the simulated rank's
+    assert lit["basis"] == {"2": "predicted", "4": "measured"} and lit["speedups"]["4"] == pytest.approx(150.0 / 90.0)
+    assert lit["verdict"] == "reproduces", lit["reason"]
+    for r in s.values():  # every cell carries its regime's verdict; speedups by W from the cells
+        mine = [c for c in built["json"]["regimes"] if c["baseline"] == r["baseline"] and c["batch"] == r["batch"]
+                and c["depth"] == r["depth"] and c["lightning_sync"] == r["lightning_sync"]]
+        assert {str(c["W"]): c["speedup"] for c in mine if c["basis"] == r["basis"][str(c["W"])]} == r["speedups"]
+        assert all(c["verdict"] == r["verdict"] and c["reason"] == r["reason"] for c in mine)
+        assert r["mechanism"].startswith(r["baseline"]["kind"]) and "W=1 step" in r["mechanism"]
+
+
+def test_a_baseline_of_another_kernel_says_so(built):
+    got = cells(built)
+    for (regime, _), c in got.items():
+        kern = c["baseline"]["sdpa_kernel"]
+        assert c["sdpa_kernel"] == "flash"  # W=2: sdpa_kernel; W=8: an older summary, the ring's pinned backend
+        if kern == "cudnn":
+            assert c["kernel_note"].startswith("baseline SDPA kernel cudnn, the ring's flash")
+        elif kern == "auto":
+            assert "not recorded" in c["kernel_note"]
+        else:
+            assert c["kernel_note"] is None, regime
+    assert got[rid(AUTO, 4), 2]["baseline"]["kind"] == AUTO  # no sdpa_kernel, setting auto: labelled auto
+    assert got[rid(RING, 1), 2]["baseline"]["cp"] == "torch"
+    md = regimes_section(built["md"])
+    rows = {ln.split(" | ")[1]: ln for ln in md.splitlines() if ln.startswith("| ") and "ms | " in ln}
+    assert len(rows) == len(built["json"]["regime_summary"])
+    assert all(("(*)" in k) == k.startswith(CUDNN) for k in rows) and any(k.startswith(AUTO + " (?)") for k in rows)
+    assert "pair a W >= 2 ring run (the ring pins flash) with a W=1 baseline of another SDPA kernel" in md
+    cudnn_rows = ", ".join(str(i) for i, r in enumerate(built["json"]["regime_summary"].values(), 1)
+                           if r["baseline"]["sdpa_kernel"] == "cudnn")
+    assert f"- baseline SDPA kernel cudnn, the ring's flash: the speedup includes the change of kernel, not only the " \
+           f"split (rows {cudnn_rows})" in md
+
+
+def test_markdown_figure_and_cli(built, capsys):
+    md, out = built["md"], built["root"] / "report"
+    assert "## Regimes: which W=1 baseline and which work per step give 1.66x" in md
+    assert "## Reconciling the 1.66x" in md
+    assert md.index("## Reconciling the 1.66x") < md.index("## Regimes")
+    assert "![regimes](regimes.png)" in md and (out / "regimes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    s = built["json"]["regime_summary"]
+    c = s[rid(CUDNN, 1)]
+    assert f"| {c['speedups']['2']:.2f}x ({c['bounds']['2'][0]:.2f}-{c['bounds']['2'][1]:.2f}) |" in md
+    lines = regime_lines(built["report"])
+    assert len(lines) == len(s) and all(f"{v['verdict']} ({v['reason']})" in ln for ln, v in zip(lines, s.values()))
+    spec = importlib.util.spec_from_file_location("report_cli", ROOT / "scripts" / "report.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    assert cli.main([str(built["root"]), "--out", str(built["root"] / "cli"), "--wandb-mode", "disabled"]) == 0
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("report.py: regime ")]
+    assert printed == [f"report.py: {ln}" for ln in lines]
+
+
+@pytest.mark.parametrize("speedups,want", [({2: 1.4941}, "reproduces"), ({2: 1.4939}, "does not reproduce"),
+                                          ({2: 1.8259}, "reproduces"), ({2: 1.8261}, "does not reproduce"),
+                                          ({2: 1.66, 8: 1.66 * 1.249}, "reproduces"),
+                                          ({2: 1.66, 4: 1.66 * 1.25}, "does not reproduce"),
+                                          ({2: 1.66, 8: 0.9}, "reproduces"), ({4: 1.66, 8: 1.7}, "incomplete")])
+def test_verdict_bounds(speedups, want):
+    assert verdict(speedups)[0] == want
