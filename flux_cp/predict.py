@@ -101,7 +101,7 @@ def predict(tl: Timeline, colls: list[Collective], link: LinkProfile) -> Predict
 
 
 def timeline_from_record(rec: dict) -> tuple[Timeline, list[Collective]]:
-    """One ledger record of summary.json's comm.ledger (see DESIGN.md) -> the timeline and its collectives."""
+    """One ledger record of summary.json's comm.ledger (see docs/design.md) -> the timeline and its collectives."""
     ph = rec.get("phases") or {}
     tl = Timeline(float(rec["step_ms"]), ph.get("forward_end_ms", ph.get("forward_end")),
                   ph.get("backward_end_ms", ph.get("backward_end")))

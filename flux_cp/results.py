@@ -1,4 +1,4 @@
-"""summary.json: the results contract (../shared/DESIGN.md) that scripts and the report rely on.
+"""summary.json: the results contract (docs/design.md) that scripts and the report rely on.
 
 Written atomically (temp file + rename) so that a crash never leaves half a file, and rewritten
 as steps complete, so that a run that fails midway keeps what it measured (`complete: false`).

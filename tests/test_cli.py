@@ -228,3 +228,32 @@ def test_gpu_strategies_that_pin_flash_get_an_exact_kernel_outside_bf16(args, ba
     if backend in ("efficient", "math"):
         with pytest.raises(ConfigError, match=f"--sdpa-backend flash: no .* kernel .* or --sdpa-backend {backend}"):
             resolved("--accelerator", "gpu", *args, "--sdpa-backend", "flash")
+
+
+def test_docs_links_resolve_inside_the_repo():
+    """Every relative link of README.md and docs/*.md points at a file of this checkout (a clone has no ../shared)."""
+    import re
+
+    from .conftest import ROOT
+
+    for md in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#\s]+)\)", md.read_text()):
+            if "://" in target:
+                continue
+            assert (md.parent / target).exists(), f"{md.name}: link {target} does not resolve"
+        assert "../shared" not in md.read_text(), md.name
+
+
+def test_gpu_session_without_a_gpu_fails_fast_and_leaves_nothing(tmp_path):
+    """scripts/gpu_session.sh on a machine with no GPU: one line, a non-zero exit, no process left behind."""
+    import subprocess
+
+    from .conftest import ROOT, leftover_processes
+
+    marker = f"FLUX_CP_TEST_MARK=gpu-session-{tmp_path.name}"
+    env = {**__import__("os").environ, "OUT": str(tmp_path / "out"), "FLUX_CP_TEST_MARK": marker.split("=", 1)[1]}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), "flux_w1"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "gpu_session.sh: no CUDA device is visible here: run it on the GPU machine"]
+    assert leftover_processes(marker) == [] and not (tmp_path / "out").exists()

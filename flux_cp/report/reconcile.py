@@ -1,7 +1,7 @@
 """Reconciling the 1.66x: the user's configuration predicted at each W, where the W=1 step's time goes, the
 isolated-op speedups beside, and the configurations the tool offers that do better, predicted the same way.
 
-The user's configuration (DESIGN.md): torch ring with allgather rotation, DDP, eager, bf16, 4608 tokens,
+The user's configuration (docs/design.md): torch ring with allgather rotation, DDP, eager, bf16, 4608 tokens,
 batch 1, 1.66x measured from 1 to 2 GPUs. Its rows come from the analysed configurations (analysis.py):
 per W, a simulated rank's prediction (compute measured, communication priced and overlapped by
 flux_cp.predict) and, where a real multi-rank run exists, its measured step beside, with the error.
