@@ -417,7 +417,7 @@ def print_table(d: dict, path: Path) -> None:
             f"{host['median']:.4g}" if host else "-", f"{r['tflops']:.4g}",
             f"{100 * r['tflops'] / peak:.0f}" if peak else "-",
         )  # fmt: skip
-    console = Console(stderr=True)
+    console = Console()  # the result on stdout; warnings on stderr
     if not console.is_terminal:  # logs and pipes: wide enough for the shape column
         console.width = 180
     console.print(table)

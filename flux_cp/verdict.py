@@ -16,6 +16,7 @@ from flux_cp.config import CPU_DEFAULT, GPU_DEFAULT
 from flux_cp.report.runs import harness
 
 NOISY = 0.25  # (max - min) / median of step_ms above this: the min-max range is shown
+UNSTEADY = 1.4  # a baseline whose slowest step is this many times its fastest is passed over for a steadier one
 
 
 def world(d: dict) -> int:
@@ -27,9 +28,15 @@ def _key(d: dict):
     return (d["config"]["model"], d["config"]["data"], run["precision"], run["compile"], d["env"]["device"])
 
 
+def _steady(b: dict) -> bool:
+    m = b["metrics"]["step_ms"]
+    return m["min"] > 0 and m["max"] / m["min"] <= UNSTEADY
+
+
 def find_baseline(d: dict, roots: list[Path]) -> tuple[Path, dict] | None:
-    """The newest baseline of d's harness, else the newest of the other (the harness's cost is in every step)."""
-    best: dict[str, tuple] = {}  # harness -> (mtime, folder, summary)
+    """The newest baseline of d's harness, else the newest of the other (the harness's cost is in every step);
+    a steady one (slowest step within UNSTEADY x the fastest) before any unsteady one, e.g. a cold machine's."""
+    best: dict[str, tuple] = {}  # harness -> (steady, mtime, folder, summary)
     for root in roots:
         for p in Path(root).rglob("summary.json"):
             try:
@@ -37,13 +44,13 @@ def find_baseline(d: dict, roots: list[Path]) -> tuple[Path, dict] | None:
                 ok = b.get("complete") and b.get("mode") == "train" and world(b) == 1 and b["cp"] == "none"
                 ok = ok and not (b.get("simulate") or b.get("simulate_world"))
                 if ok and _key(b) == _key(d) and "step_ms" in b["metrics"]:
-                    mtime, h = p.stat().st_mtime, harness(b)
-                    if h not in best or mtime > best[h][0]:
-                        best[h] = (mtime, p.parent, b)
+                    rank, h = (_steady(b), p.stat().st_mtime), harness(b)
+                    if h not in best or rank > best[h][:2]:
+                        best[h] = (*rank, p.parent, b)
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-    found = best.get(harness(d)) or max(best.values(), key=lambda x: x[0], default=None)
-    return found[1:] if found else None
+    found = best.get(harness(d)) or max(best.values(), key=lambda x: x[:2], default=None)
+    return found[2:] if found else None
 
 
 def _ms(x: float) -> str:
@@ -69,12 +76,19 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
         nxt = f"python scripts/train_bench.py{flags} --devices 2   (or --simulate-world 2 on one device)"
     elif base := find_baseline(d, roots):
         path, b = base
-        line += f", {b['metrics']['step_ms']['median'] / m['median']:.2f}x vs {path} (W=1)"
-        if harness(b) != harness(d):  # the harnesses' difference is in the ratio
-            line += f", a {harness(b)} run: no {harness(d)} W=1 baseline yet"
-        if simulated:  # its collectives took no time: scripts/report.py prices and places them
-            line += ", compute only"
-        nxt = f"python scripts/report.py {roots[0]}"
+        bm = b["metrics"]["step_ms"]
+        speedup = bm["median"] / m["median"]
+        if speedup > w:  # CP splits the work W ways: more than W times faster is a bad baseline, not a result
+            line += (f"; {speedup:.1f}x against {path} (W=1) would beat W={w} GPUs, which CP cannot: that baseline "
+                     f"is suspect (its steps {_ms(bm['min'])}-{_ms(bm['max'])} ms)")
+            nxt = f"python scripts/train_bench.py{flags} --devices 1 --cp none   (the baseline, again)"
+        else:
+            line += f", {speedup:.2f}x vs {path} (W=1)"
+            if harness(b) != harness(d):  # the harnesses' difference is in the ratio
+                line += f", a {harness(b)} run: no {harness(d)} W=1 baseline yet"
+            if simulated:  # its collectives took no time: scripts/report.py prices and places them
+                line += ", compute only"
+            nxt = f"python scripts/report.py {roots[0]}"
     else:
         line += ", no W=1 baseline with this config yet"
         nxt = f"python scripts/train_bench.py{flags} --devices 1 --cp none   (the baseline)"

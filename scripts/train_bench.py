@@ -227,7 +227,7 @@ def print_summary(d: dict, path: Path) -> None:
             continue
         spread = f"{m['rank_max_median']:.3f}" if "rank_max_median" in m else "-"
         table.add_row(name, f"{m['median']:.3f}", f"{m['min']:.3f}", f"{m['max']:.3f}", spread)
-    console = Console(stderr=True)
+    console = Console()  # the run's result, its answer line last, on stdout; progress and warnings on stderr
     console.print(table)
     notes = []
     if "idle" in d:

@@ -52,7 +52,8 @@ def test_a_run_prints_no_noise_and_ends_with_its_answer(two_ranks):
     text = r.stdout + r.stderr
     for noise in ("wandb:", "litlogger", "GPU available", "deprecated", "Epoch", "\x1b[", "Traceback", "TypeError"):
         assert noise not in text, (noise, text[-3000:])
-    lines = r.stderr.strip().splitlines()
+    lines = r.stdout.strip().splitlines()  # the result on stdout (`> log` keeps it), warnings on stderr
+    assert "W=2: step" not in r.stderr
     # against the newest W=1 baseline under runs/ if this checkout has one (make bench makes one), else says so
     assert lines[-2].startswith("W=2: step "), lines[-2:]
     if "no W=1 baseline" in lines[-2]:

@@ -23,7 +23,7 @@ def test_devices_2_writes_a_valid_ops_summary(tmp_path):
     r = bench("--ops-only", "--devices", 2, "--config", TINY, "--seq-lens", "144,288", "--seed-compat",
               "--output", tmp_path, "--wandb-mode", "offline")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "sdpa_fwd" in r.stderr and "seed-compat" in r.stderr  # the table
+    assert "sdpa_fwd" in r.stdout and "seed-compat" in r.stdout  # the table, on stdout
     d = json.loads((tmp_path / "summary.json").read_text())
     assert validate(d) == [] and d["complete"]
     assert (d["mode"], d["world_size"], d["cp"], d["simulate_world"], d["loss"]) == ("ops", 2, "allgather-kv", None, [])

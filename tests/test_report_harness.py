@@ -189,3 +189,21 @@ def test_verdict_baseline_of_the_same_harness(tmp_path):
     assert f"{med('lit-w1') / med('lit-w2'):.2f}x vs {lit1} (W=1)" in line and "a bare run" not in line
     line, nxt = verdict(bare2, tmp_path / "x", [tmp_path / "none"])
     assert "no W=1 baseline" in line and "--harness bare --devices 1 --cp none" in nxt
+
+
+def test_verdict_refuses_a_speedup_above_w_and_prefers_a_steady_baseline(tmp_path):
+    """A cold machine's W=1 run (steps 1146-1645 ms) made a W=2 run read '41.29x': never stated as an answer. The
+    baseline is chosen among steady runs first (slowest step within 1.4x the fastest), even when an unsteady one is
+    newer; with only the unsteady one the line says the baseline is suspect and the next command redoes it."""
+    lit2 = summary(W2, "lit-w2", "lightning")
+    cold = summary(W1, "lit-w1", "lightning")
+    cold["per_step"]["step_ms"] = steps = [1146.0, 1645.0, 1500.0, 1400.0]
+    cold["metrics"]["step_ms"] = stats(steps)
+    cold_dir = put(tmp_path, "cold", cold, age=1).parent
+    line, nxt = verdict(lit2, tmp_path / "x", [tmp_path])
+    assert "would beat W=2 GPUs, which CP cannot: that baseline is suspect (its steps 1146-1645 ms)" in line
+    assert f"against {cold_dir} (W=1)" in line and "x vs " not in line
+    assert nxt.startswith("next: python scripts/train_bench.py") and "--cp none" in nxt
+    steady = put(tmp_path, "steady", summary(W1, "lit-w1", "lightning"), age=100).parent  # older, steady
+    line, _ = verdict(lit2, tmp_path / "x", [tmp_path])
+    assert f"{med('lit-w1') / med('lit-w2'):.2f}x vs {steady} (W=1)" in line and "suspect" not in line

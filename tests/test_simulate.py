@@ -107,4 +107,4 @@ def test_simulated_rank_r(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     d = _summary(tmp_path)
     assert d["simulate"] == {"world": 4, "rank": 3} and d["run_name"].startswith("train-W4simr3-")
-    assert "simulated: rank 3 of a 4-rank job" in r.stderr
+    assert "simulated: rank 3 of a 4-rank job" in r.stdout
