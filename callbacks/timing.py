@@ -84,7 +84,7 @@ class OpTimingCallback(Callback):
         self._reads = {"in_loop": 0, "after_loop": 0, "waited_in_loop": 0, "probe_drains": 0}
         self._in_loop = False
         self._regions = False  # the run times op regions (--timing)
-        self.wall: dict[str, float] = {}  # epoch seconds: process start, first step, warm-up end, last step end
+        self.wall: dict[str, float] = {}  # epoch seconds: the run's start, first step, warm-up end, last step end
         self._group = None  # gloo group for the gather after the loop (None: one rank)
         self._t0 = 0.0
         self._t_end = 0.0  # when the last step's hooks ended (host clock)
@@ -113,7 +113,7 @@ class OpTimingCallback(Callback):
             spin_cycles_per_ms()  # calibrated (it synchronises) before any step, not inside the first probe
         gc.callbacks.append(self._gc)
         self._t0 = time.perf_counter()
-        self.wall = {"process": run_start_time(), "start": time.time()}
+        self.wall = {"run": run_start_time(), "start": time.time()}
         self._regions = pl_module.timer.enabled
         self._in_loop = True
 

@@ -200,7 +200,7 @@ def train(cfg) -> int:
     watchdog.stop()
     if trainer.global_rank == timing.report_rank:
         w = timing.wall  # teardown: Lightning's strategy and logger after the last step
-        timing.summary.header["wall_s"] = wall_split(w["process"], w["start"], w.get("warm", w["start"]), w["end"],
+        timing.summary.header["wall_s"] = wall_split(w["run"], w["start"], w.get("warm", w["start"]), w["end"],
                                                      time.time())
         timing.summary.write(complete=True)
         print_summary(timing.summary.to_dict(complete=True), out / "summary.json")
