@@ -268,6 +268,8 @@ def test_reconciliation_section(built):
     md = (built["out"] / "report.md").read_text()
     assert "## Reconciling the 1.66x" in md and "![reconcile](reconcile.png)" in md
     assert "The user's 1.66x is not compared" in md and "Isolated ops at W=2" in md
+    # 5 timed calls per op (the test's ops runs): no verdict on the seed from them, whatever the ratio
+    assert "is not conclusive: noisy (sdpa_fwd, sdpa_bwd: fewer than 10 timed calls" in md and "refutes" not in md
     assert (built["out"] / "reconcile.png").read_bytes()[:8] == PNG_MAGIC
     assert "reconcile: " in built["cli"].stdout and rec["answer"][0] in built["cli"].stdout
     assert _config(built["json"], 4)["rows"][1]["verdict"] in built["cli"].stdout  # the verdicts, not only the paths
@@ -400,3 +402,16 @@ def test_a_ledger_without_the_kv_exchange_is_flagged(train_runs, tmp_path):
         write(untouched / name / "summary.json", p.read_text())
     (c,) = build(untouched, cpu_link=links.flat(100)).to_dict()["configurations"]
     assert not any("K/V exchange" in n for n in c["notes"]), c["notes"]
+
+
+def test_an_isolated_speedup_needs_calls_and_clear_ranges():
+    """The isolated-op verdict's noise check: enough timed calls on both sides and min-max ranges apart."""
+    from flux_cp.report.analysis import isolated_noisy
+
+    def row(lo, hi, n=100):
+        return {"device_range_ms": (lo, hi), "calls": n}
+
+    assert not isolated_noisy(row(1.0, 1.1), row(0.5, 0.6))  # 2x, ranges apart
+    assert isolated_noisy(row(1.0, 1.1), row(0.5, 0.6, n=5))  # the same, from 5 calls
+    assert isolated_noisy(row(0.5, 1.1), row(0.45, 0.6))  # ranges overlap
+    assert isolated_noisy(row(1.0, 1.1), None)

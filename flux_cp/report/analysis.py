@@ -28,8 +28,8 @@ from .runs import (
     _latest,
     discover,
     group,
+    isolated_for,
     isolated_rows,
-    match_isolated,
     twin_key,
 )
 
@@ -148,6 +148,21 @@ def noise(base: dict, a: dict) -> dict:
             "noisy": spread is not None and spread > diff}
 
 
+MIN_ISOLATED_CALLS = 10  # fewer timed calls per op than this: no verdict from their ratio
+
+
+def isolated_noisy(base: dict | None, row: dict | None) -> bool:
+    """An isolated speedup is noise when either side has few timed calls or their min-max ranges overlap."""
+    if not base or not row:
+        return True
+    if min(base.get("calls") or 0, row.get("calls") or 0) < MIN_ISOLATED_CALLS:
+        return True
+    (b0, b1), (r0, r1) = base.get("device_range_ms") or (None, None), row.get("device_range_ms") or (None, None)
+    if None in (b0, b1, r0, r1):
+        return True
+    return b0 <= r1 and r0 <= b1
+
+
 def _step_side(run: Run) -> dict:
     """A run's step median and spread, as noise() reads them (measured steps only: no comm projected)."""
     spread, kind = run.spread("step_ms")
@@ -199,7 +214,8 @@ def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:
     """Fill every row's analysis: parts, speedups vs the baseline, prediction, Amdahl, verdict."""
     for row in config.rows:
         row.a = analyse_row(row.run, row.W, for_world(link if row.run.on_gpu else cpu_link, row.W))
-        row.a["isolated_call_ms"] = match_isolated(iso, config.key, row.W, config.strategy)
+        row.a["isolated_rows"] = isolated_for(iso, config.key, row.W, config.strategy)
+        row.a["isolated_call_ms"] = {op: r["device_ms"] for op, r in row.a["isolated_rows"].items()}
         config.notes += [n for n in (f"W={row.W}: {x}" for x in row.a["notes"]) if n not in config.notes]
     base = config.baseline.a if config.baseline else None
     for row in config.rows:
@@ -218,6 +234,8 @@ def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:
         a["speedup_instep"] = {op: _ratio(base["regions_ms"][op], a["regions_ms"][op]) for op in OPS}
         a["speedup_isolated"] = {op: _ratio(base["isolated_call_ms"].get(op), a["isolated_call_ms"].get(op))
                                  for op in OPS}
+        a["isolated_noisy"] = {op: isolated_noisy(base["isolated_rows"].get(op), a["isolated_rows"].get(op))
+                               for op in OPS if a["speedup_isolated"][op]}
         a["speedup_parts"] = {p: _ratio(base["parts_ms"][p], a["parts_ms"][p]) for p in COMPUTE}
         # Amdahl: the W=1 compute parts, each divided by its own measured speedup (= the part at W).
         compute_w = sum(base["parts_ms"][p] / s for p in COMPUTE if (s := a["speedup_parts"][p]))

@@ -8,6 +8,7 @@ flux_cp.predict) and, where a real multi-rank run exists, its measured step besi
 Every speedup is against the same W=1 step: the eager `--cp none` baseline of the user's configuration.
 """
 
+from .analysis import MIN_ISOLATED_CALLS
 from .runs import Config
 
 USER_SPEEDUP = 1.66  # measured by the user from 1 to 2 GPUs
@@ -91,7 +92,7 @@ def reconcile(report, user: str = "torch(allgather)") -> dict | None:
                "predicted_ms": a["projected_step_ms"], "basis": "simulated rank + predicted comm"
                if fake else "real run (measured)", "link": a["prediction"]["link"],
                "waterfall_ms": _waterfall(base, a, W), "isolated": a["speedup_isolated"],
-               "noisy": a["noise"]["noisy"], "timer": a["timer"]}
+               "isolated_noisy": a.get("isolated_noisy", {}), "noisy": a["noise"]["noisy"], "timer": a["timer"]}
         if real is not None and real is not a:  # the check: the same config on real processes
             meas = base["step_ms"] / real["step_ms"]
             row |= {"measured_speedup": meas, "measured_run": real["run"], "measured_ms": real["step_ms"],
@@ -154,8 +155,12 @@ def _answer(s: dict) -> list[str]:
     if any(r["isolated"].values()):
         iso = {k: v for k, v in r["isolated"].items() if v}
         sdpa = [v for k, v in iso.items() if k.startswith("sdpa")]
-        verdict = ("reproduces the seed's 'no CP speedup' for attention" if sdpa and max(sdpa) < 1.15 else
-                   "refutes the seed's 'no CP speedup'" if sdpa else "has no SDPA figure to compare")
+        noisy = [k for k in iso if k.startswith("sdpa") and r.get("isolated_noisy", {}).get(k, True)]
+        verdict = ("has no SDPA figure to compare" if not sdpa else
+                   f"is not conclusive: noisy ({', '.join(noisy)}: fewer than {MIN_ISOLATED_CALLS} timed calls, or "
+                   "the W=1 and W calls' ranges overlap)" if noisy else
+                   "reproduces the seed's 'no CP speedup' for attention" if max(sdpa) < 1.15 else
+                   "refutes the seed's 'no CP speedup'")
         out.append(f"Isolated ops at W={r['W']}: " + ", ".join(f"{k} {v:.2f}x" for k, v in iso.items())
                    + f": this {verdict}; the step gains through the layers the ops leave out.")
     else:

@@ -335,6 +335,9 @@ def isolated_rows(runs: list[Run]) -> list[dict]:
                             "simulated": bool(row.get("simulated", r.simulated)),
                             "sdpa_backend": row.get("sdpa_backend", key["sdpa_backend"]),
                             "device_ms": float(row["device_ms"]["median"]),
+                            # the spread of the timed calls: an isolated speedup is noise unless it clears it
+                            "device_range_ms": (row["device_ms"].get("min"), row["device_ms"].get("max")),
+                            "calls": row["device_ms"].get("n"),
                             "host_ms": (row.get("host_ms") or {}).get("median")})
             except (KeyError, TypeError, ValueError):
                 continue  # a row this report cannot read; the others still count
@@ -343,6 +346,11 @@ def isolated_rows(runs: list[Run]) -> list[dict]:
 
 def match_isolated(iso: list[dict], key: dict, W: int, cp: str) -> dict[str, float]:
     """Per-call isolated device ms of each op for a configuration at W (same device, dims, seq len)."""
+    return {op: row["device_ms"] for op, row in isolated_for(iso, key, W, cp).items()}
+
+
+def isolated_for(iso: list[dict], key: dict, W: int, cp: str) -> dict[str, dict]:
+    """The isolated row of each op that a configuration at W is compared with (same device, dims, seq len)."""
     base_cp, simulated = cp.split("(")[0].split(" ")[0], cp.endswith("simulated")
     found = {}
     for op in OPS:
@@ -354,7 +362,7 @@ def match_isolated(iso: list[dict], key: dict, W: int, cp: str) -> dict[str, flo
                                   r["sdpa_backend"] != key["sdpa_backend"], W > 1 and r["simulated"] != simulated,
                                   r["cp"] != "none"))
         if cands:
-            found[op] = cands[0]["device_ms"]
+            found[op] = cands[0]
     return found
 
 
