@@ -62,7 +62,8 @@ def ops_summary(train: dict, world: int, cp: str) -> dict:
            "shape": "(1, 4, 144, 16)", "flops": 1e6, "tflops": 1.0}
     # the seed-compat rows carry other figures: the report must prefer the corrected method
     d["ops"] = [{**row, "op": op, "method": m, "device_ms": st(v * (1 if m == "corrected" else 7)),
-                 "host_ms": st(v / 2)} for op, v in ms.items() for m in ("seed-compat", "corrected")]
+                 "host_ms": st(v / 2) if m == "corrected" else None}  # the seed's loop has no per-call host time
+                for op, v in ms.items() for m in ("seed-compat", "corrected")]
     d["ops"].append({**row, "op": "gemm_peak", "method": "corrected", "device_ms": st(1.0), "host_ms": None})
     return d
 
@@ -270,6 +271,7 @@ def test_reconciliation_section(built):
     assert "The user's 1.66x is not compared" in md and "Isolated ops at W=2" in md
     # 5 timed calls per op (the test's ops runs): no verdict on the seed from them, whatever the ratio
     assert "is not conclusive: noisy (sdpa_fwd, sdpa_bwd: fewer than 10 timed calls" in md and "refutes" not in md
+    assert "| None" not in md  # a missing figure reads "-" (the seed-compat rows' host time)
     assert (built["out"] / "reconcile.png").read_bytes()[:8] == PNG_MAGIC
     assert "reconcile: " in built["cli"].stdout and rec["answer"][0] in built["cli"].stdout
     assert _config(built["json"], 4)["rows"][1]["verdict"] in built["cli"].stdout  # the verdicts, not only the paths

@@ -282,7 +282,8 @@ def render_md(report: Report, figs: dict[str, list[Path]]) -> str:
         out += [f"![{p.stem}]({p.name})" for p in figs.get(c.id, [])] + [""]
     if report.iso:
         keys = ("run", "op", "seq_len", "world", "cp", "method", "sdpa_backend", "device_ms", "host_ms")
-        rows = [[_f(r[k]) if isinstance(r[k], float) else str(r[k]) for k in keys] for r in report.iso]
+        # a seed-compat row times a loop of calls between two events: no host time of its own ("-")
+        rows = [[_f(r[k]) if isinstance(r[k], float) or r[k] is None else str(r[k]) for k in keys] for r in report.iso]
         out += ["## Isolated op times (ops runs)", "", _md_table(list(keys), rows), ""]
     else:
         out += ["## Isolated op times (ops runs)", "", "No ops runs.", ""]
