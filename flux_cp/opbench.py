@@ -427,6 +427,11 @@ def print_table(d: dict, path: Path) -> None:
     for note in d["notes"]:
         console.print(f"note: {note}", soft_wrap=True)
     console.print(f"summary: {path}", soft_wrap=True)
+    from flux_cp.verdict import ops_verdict
+
+    roots = [r for r in dict.fromkeys([Path("runs"), path.parent.parent]) if r.is_dir()]
+    for line in ops_verdict(d, roots):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 def log_wandb(cfg: BenchConfig, d: dict, out: Path) -> None:

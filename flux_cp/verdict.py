@@ -95,3 +95,29 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     if m["median"] > 0 and (m["max"] - m["min"]) / m["median"] > NOISY:
         line += f", noisy: {_ms(m['min'])}-{_ms(m['max'])} ms"
     return line, f"next: {nxt}"
+
+
+def ops_verdict(d: dict, roots: list[Path]) -> tuple[str, str]:
+    """(answer, next command) of an op-bench run: per W, each op's call against W=1's (both in this run), else its
+    time per call; the corrected method, eager, at the run's first sequence length."""
+    rows = [r for r in d.get("ops", []) if r["method"] == "corrected" and not r["graph"] and r["op"] != "gemm_peak"]
+    if not rows:
+        return "ops: nothing timed", "next: python scripts/train_bench.py --ops-only --help"
+    seq = rows[0]["seq_len"]
+    ms = {(r["op"], r["world"]): r["device_ms"]["median"] for r in rows if r["seq_len"] == seq}
+    ops = list(dict.fromkeys(op for op, _ in ms))
+    worlds = sorted({w for _, w in ms})
+    parts, impossible = [], False
+    for w in worlds:
+        if 1 in worlds and w > 1:  # the CP split's speedup per call, where this run timed W=1 too
+            ratios = {op: ms[op, 1] / ms[op, w] for op in ops if (op, 1) in ms and (op, w) in ms}
+            impossible |= any(x > w for x in ratios.values())
+            parts.append(f"W={w} " + ", ".join(f"{op} {x:.2f}x" for op, x in ratios.items()))
+        elif w == 1 or 1 not in worlds:
+            parts.append(f"W={w} " + ", ".join(f"{op} {_ms(ms[op, w])} ms" for op in ops if (op, w) in ms))
+    calls = min(r["device_ms"]["n"] for r in rows)
+    caveats = ([f"from {calls} timed calls per op: noisy"] if calls < 10 else []) + (
+        ["a speedup above W is not CP's: a cold or noisy W=1 call"] if impossible else [])
+    root = roots[0] if roots else Path("runs")
+    return (f"ops per call at S={seq} (isolated: not the step; the training step is what CP speeds up): "
+            + "; ".join(parts) + "".join(f" ({c})" for c in caveats), f"next: python scripts/report.py {root}")

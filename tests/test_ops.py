@@ -24,6 +24,9 @@ def test_devices_2_writes_a_valid_ops_summary(tmp_path):
               "--output", tmp_path, "--wandb-mode", "offline")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sdpa_fwd" in r.stdout and "seed-compat" in r.stdout  # the table, on stdout
+    answer, nxt = r.stdout.strip().splitlines()[-2:]  # the end line the README promises, with its caveat
+    assert answer.startswith("ops per call at S=144 (isolated: not the step") and "W=2 sdpa_fwd " in answer
+    assert answer.endswith("(from 5 timed calls per op: noisy)") and nxt.startswith("next: python scripts/report.py")
     d = json.loads((tmp_path / "summary.json").read_text())
     assert validate(d) == [] and d["complete"]
     assert (d["mode"], d["world_size"], d["cp"], d["simulate_world"], d["loss"]) == ("ops", 2, "allgather-kv", None, [])
