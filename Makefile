@@ -16,8 +16,9 @@ setup: $(BIN)/python
 bench: setup
 	$(BIN)/python scripts/train_bench.py $(ARGS)
 
-test: setup  # the CPU tests but the slow fault and sweep cases (CI runs both sets: .ci/run)
-	$(BIN)/python -m pytest -q -m "not gpu and not multigpu and not slow"
+test: setup  # the CPU tests but the slow fault and sweep cases (CI runs both sets: .ci/run); two workers, a test
+	# file each (its module fixtures run once): most tests wait on single-threaded start-ups of train_bench processes
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow"
 
 test-slow: setup  # hung and killed ranks, a sweep's out-of-memory run and resume
 	$(BIN)/python -m pytest -q -m slow

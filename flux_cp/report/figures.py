@@ -112,10 +112,18 @@ def reconcile_figure(rec: dict | None, out: Path) -> list[Path]:
     ws = [r["W"] for r in rows]
     top = max(ws)
     ax.plot([1, top], [1, top], color="k", ls="--", lw=1, label="ideal")
-    ax.plot([1, *ws], [1, *[r["predicted_speedup"] for r in rows]], marker="o", lw=2, label=f"{rec['strategy']} "
-            "predicted")
-    b = [(r["W"], r["predicted_speedup"], *r["bounds"]) for r in rows if r["bounds"][0]]
-    if b:  # nothing overlapped .. everything overlapped, as error bars (one W has no area to fill)
+    simulated = [r["basis"].startswith("simulated") for r in rows]
+    basis = "predicted" if all(simulated) else "measured" if not any(simulated) else "predicted or measured"
+    ax.plot([1, *ws], [1, *[r["predicted_speedup"] for r in rows]], marker="o", lw=2,
+            label=f"{rec['strategy']} {basis}")
+    noisy = [(r["W"], r["predicted_speedup"]) for r in rows if r.get("noisy")]
+    if noisy:  # the step spread exceeds the difference the point shows
+        ax.plot(*zip(*noisy), ls="none", marker="o", ms=13, mfc="none", mec="tab:orange", mew=1.5,
+                label="noisy: spread > difference")
+    # nothing overlapped .. everything overlapped, as error bars where they have a width (one W has no area to fill)
+    b = [(r["W"], r["predicted_speedup"], *r["bounds"]) for r in rows if r["bounds"][0] and
+         r["bounds"][1] - r["bounds"][0] > 1e-3]
+    if b:
         ax.errorbar([x[0] for x in b], [x[1] for x in b], yerr=[[x[1] - x[2] for x in b], [x[3] - x[1] for x in b]],
                     ls="none", capsize=5, color="tab:blue", label="bounds (none .. all overlapped)")
     meas = [(r["W"], r["measured_speedup"]) for r in rows if "measured_speedup" in r]
@@ -134,7 +142,7 @@ def reconcile_figure(rec: dict | None, out: Path) -> list[Path]:
     ax.set_xlabel("W")
     ax.set_ylabel("speedup vs the eager W=1 step")
     ax.legend(fontsize=7, loc="upper left")
-    ax.set_title("predicted vs W", fontsize=9)
+    ax.set_title(f"speedup vs W ({basis})", fontsize=9)
     # waterfall: each W a group of floating bars from 0 to the ideal, then each loss, ending at the prediction
     colors = dict(zip(WATERFALL, plt.get_cmap("tab10").colors))
     parts = [k for k in WATERFALL if any(abs(r["waterfall_ms"][k]) > 1e-9 for r in rows)]  # e.g. no idle on CPU
