@@ -9,9 +9,13 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q --retries 1 --timeout 10 "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu || $(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[dev]"
 
-setup: $(BIN)/python
+# the project and its dependencies, again whenever pyproject.toml changes (an older .venv gets what is new)
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
 
 bench: setup
 	$(BIN)/python scripts/train_bench.py $(ARGS)
