@@ -147,6 +147,7 @@ def reconcile_figure(rec: dict | None, out: Path) -> list[Path]:
     colors = dict(zip(WATERFALL, plt.get_cmap("tab10").colors))
     parts = [k for k in WATERFALL if any(abs(r["waterfall_ms"][k]) > 1e-9 for r in rows)]  # e.g. no idle on CPU
     width = 0.8 / len(parts)
+    peak = rec["baseline_ms"]
     for i, r in enumerate(rows):
         run = 0.0
         for j, k in enumerate(parts):
@@ -154,7 +155,10 @@ def reconcile_figure(rec: dict | None, out: Path) -> list[Path]:
             x = i + (j - len(parts) / 2 + 0.5) * width
             bx.bar(x, v, width, bottom=run if j else 0.0, color=colors[k], label=k if i == 0 else None)
             run += v
+            peak = max(peak, run, run - v)
         bx.hlines(run, i - 0.4, i + 0.4, colors="k", lw=1.5, label="predicted step" if i == 0 else None)
+        bx.annotate(f"{run:.3g}", (i + 0.4, run), fontsize=7, va="bottom", ha="right")
+    bx.set_ylim(0, 1.1 * peak)  # floating bars do not widen the axes by themselves: every bar top in view
     bx.axhline(rec["baseline_ms"], color="gray", ls=":", lw=1, label="W=1 step")
     bx.set_xticks(range(len(rows)))
     bx.set_xticklabels([f"W={r['W']}" for r in rows])
