@@ -40,12 +40,11 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from flux_cp.failures import error_kind, error_line
-from flux_cp.results import RunSummary, run_start_time
+from flux_cp.results import RunSummary, gather_row, run_start_time
 from flux_cp.simulate import is_fake
 from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
 
@@ -185,7 +184,7 @@ class OpTimingCallback(Callback):
         step_ms = local["step_ms"]  # a probe step's is its busy time (renamed below)
         local = self._figures(kind, local)
         keys = sorted(local)  # same on every rank: the kind and the steps started are
-        every = self._gather([local[k] for k in keys] + [loss], collective)  # (W, M + 1)
+        every = gather_row([local[k] for k in keys] + [loss], self._group if collective else None)  # (W, M + 1)
         loss = every[:, -1].mean().item()  # equal shards of equally many samples: global loss = mean over dp x cp ranks
         vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()
         rank0 = dict(zip(keys, every[0, :-1].tolist()))  # the summary's per-step figures are rank 0's
@@ -214,14 +213,6 @@ class OpTimingCallback(Callback):
         if kind == "plain" and self.timing_ab and self._regions:
             return {"step_untimed_ms": local["step_ms"], "host_untimed_ms": local["host_ms"]}
         return local
-
-    def _gather(self, row: list[float], collective: bool = True) -> torch.Tensor:
-        vec = torch.tensor(row, dtype=torch.float64)
-        if self._group is None or not collective:
-            return vec[None]
-        out = [torch.empty_like(vec) for _ in range(dist.get_world_size(self._group))]
-        dist.all_gather(out, vec, group=self._group)
-        return torch.stack(out)
 
     def _finish_reads(self, trainer, pl_module, collective: bool) -> None:
         """After the loop: read what is left (waiting is allowed now), then gather every rank's figures."""

@@ -27,7 +27,7 @@ from flux_cp.failures import EXIT_CODES, error_kind, error_line, kill_tree
 from flux_cp.ledger import CommLedger
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.model import num_params
-from flux_cp.results import RunSummary, run_start_time, train_header, wall_split
+from flux_cp.results import RunSummary, gather_row, run_start_time, train_header, wall_split
 from flux_cp.simulate import allreduce_hook, init_fake_world
 from flux_cp.step import FluxStep, build_model, default_dtype
 from flux_cp.timing import StepTimer
@@ -168,12 +168,7 @@ def _add_steps(summary: RunSummary, timer: StepTimer, records: list[dict], gloo)
         rows.append(f)
     for i, f in enumerate(rows):
         keys = [k for k in ("step_ms", "host_ms", "loop_ms") if k in f]
-        vec = torch.tensor([f[k] for k in keys] + [f["loss"]], dtype=torch.float64)
-        every = vec[None]
-        if gloo is not None:  # same steps, same keys on every rank: the gathers pair up
-            out = [torch.empty_like(vec) for _ in range(dist.get_world_size(gloo))]
-            dist.all_gather(out, vec, group=gloo)
-            every = torch.stack(out)
+        every = gather_row([f[k] for k in keys] + [f["loss"]], gloo)  # same steps and keys on every rank: they pair
         vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()
         summary.add_step(i, every[:, -1].mean().item(), dict(zip(keys, every[0, :-1].tolist())),
                          dict(zip(keys, vmax)), dict(zip(keys, vmin)))

@@ -135,6 +135,19 @@ def steadiness(values: list[float], rel_gap: float = 0.1) -> dict:
     return out | {"steady": not problems, "problems": problems}
 
 
+def gather_row(row: list[float], group=None):
+    """Every rank's row of figures, (W, len) in rank order, over a CPU (gloo) group; (1, len) without one."""
+    import torch
+    import torch.distributed as dist
+
+    vec = torch.tensor(row, dtype=torch.float64)
+    if group is None:
+        return vec[None]
+    out = [torch.empty_like(vec) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, vec, group=group)
+    return torch.stack(out)
+
+
 def stats(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
