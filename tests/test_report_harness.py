@@ -207,3 +207,29 @@ def test_verdict_refuses_a_speedup_above_w_and_prefers_a_steady_baseline(tmp_pat
     steady = put(tmp_path, "steady", summary(W1, "lit-w1", "lightning"), age=100).parent  # older, steady
     line, _ = verdict(lit2, tmp_path / "x", [tmp_path])
     assert f"{med('lit-w1') / med('lit-w2'):.2f}x vs {steady} (W=1)" in line and "suspect" not in line
+
+
+def test_repeated_pairs_give_the_median_overhead(tmp_path):
+    """The same pair with other data seeds (flux_harness_repeat.yaml): one line per configuration and W with the
+    median overhead over the pairs and its range; a pair seen once forms no group."""
+    w1 = [("lit-w1", None), ("bare-w1", "bare")]
+    for name, h in w1:
+        put(tmp_path, name, summary(W1, name, h), age=100)
+    overheads = {}
+    for seed, (lit_ms, bare_ms) in enumerate([(60.0, 55.0), (57.0, 56.0), (62.0, 50.0)]):
+        for name, h, ms in (("lit-w2", "lightning", lit_ms), ("bare-w2", "bare", bare_ms)):
+            d = summary(W2, name, h)
+            d["config"]["data"]["seed"] = seed
+            d["per_step"]["step_ms"] = [ms] * 8
+            d["metrics"]["step_ms"] = stats([ms] * 8)
+            put(tmp_path, f"{name}-s{seed}", d, age=50 - seed)
+        overheads[seed] = 100 * (lit_ms / bare_ms - 1)
+    report = build(tmp_path, user="allgather-kv")
+    h = json.loads(json.dumps(report.to_dict()))["harness"]
+    (g,) = h["repeats"]  # W=1's single pair: no group
+    assert (g["W"], g["pairs"]) == (2, 3)
+    assert g["overhead_pct_median"] == pytest.approx(statistics.median(overheads.values()))
+    assert g["overhead_pct_range"] == pytest.approx([min(overheads.values()), max(overheads.values())])
+    assert g["within_target"] is False  # median +9.1%
+    md = write_report(report, tmp_path / "report")["md"].read_text()
+    assert f"allgather-kv W=2: median {g['overhead_pct_median']:+.1f}% over 3 pairs" in md and "over 3%" in md

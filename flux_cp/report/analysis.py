@@ -10,6 +10,8 @@ it to name the parts (labelled an estimate).
 Harness overhead: each Lightning row's step against its bare twin's (runs.twin_key), the issue's bound 3%.
 """
 
+import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from .runs import (
     group,
     isolated_for,
     isolated_rows,
+    strategy_label,
     twin_key,
 )
 
@@ -207,7 +210,28 @@ def harness_overhead(configs: list[Config], runs: list[Run]) -> dict:
             rows.append(by_run[lit.path])
     unmatched = sorted(({"run": r.name, "path": str(r.path), "W": r.W} for rs in bare.values() for r in rs
                         if r.path not in used), key=lambda x: x["path"])
-    return {"target_pct": HARNESS_TARGET_PCT, "rows": rows, "unmatched_bare": unmatched}
+    return {"target_pct": HARNESS_TARGET_PCT, "rows": rows, "unmatched_bare": unmatched,
+            "repeats": harness_repeats(runs, bare)}
+
+
+def harness_repeats(runs: list[Run], bare: dict[str, list[Run]]) -> list[dict]:
+    """Pairs of one configuration and W repeated with other data seeds (configs/suites/flux_harness_repeat.yaml):
+    every Lightning run with a bare twin of its own seed, grouped over the seeds; the median overhead of a group and
+    its range. One pair cannot show a few % where steps move ~15% run to run; several interleaved pairs can."""
+    groups: dict[tuple, list[float]] = {}
+    for r in runs:
+        if r.d["mode"] != "train" or r.harness != "lightning" or not (twins := bare.get(twin_key(r.d))):
+            continue
+        pct = _pct_over(r.metric("step_ms"), _latest(twins)[0].metric("step_ms"))
+        unseeded = json.loads(twin_key(r.d))  # [mode, device, model, data, run]
+        unseeded[3] = {k: v for k, v in unseeded[3].items() if k != "seed"}
+        key = (strategy_label(r.d), r.W, json.dumps(unseeded, sort_keys=True))
+        if pct is not None:
+            groups.setdefault(key, []).append(pct)
+    return [{"strategy": strategy, "W": W, "pairs": len(pcts), "overhead_pct_median": statistics.median(pcts),
+             "overhead_pct_range": [min(pcts), max(pcts)],
+             "within_target": statistics.median(pcts) <= HARNESS_TARGET_PCT}
+            for (strategy, W, _), pcts in groups.items() if len(pcts) >= 2]
 
 
 def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:

@@ -127,6 +127,11 @@ def harness_md(report: Report) -> list[str]:
            "output, steps). A Lightning run with `--timing` on carries its op-region events; the bare loop has none.",
            ""]
     out += [_md_table(hdr, rows), ""] if rows else ["No Lightning row has a bare twin.", ""]
+    if h.get("repeats"):  # the same pair with other data seeds: the overhead's median over the pairs
+        out += ["Repeated pairs (other data seeds, run interleaved): " + "; ".join(
+            f"{g['strategy']} W={g['W']}: median {g['overhead_pct_median']:+.1f}% over {g['pairs']} pairs "
+            f"(range {g['overhead_pct_range'][0]:+.1f}% to {g['overhead_pct_range'][1]:+.1f}%), "
+            f"{'within' if g['within_target'] else 'over'} {h['target_pct']:g}%" for g in h["repeats"]) + ".", ""]
     if h["unmatched_bare"]:
         out += ["Bare runs with no Lightning twin among the rows: " + ", ".join(
             f"{_rel(report, u['path'])} (W={u['W']})" for u in h["unmatched_bare"]) + ".", ""]
