@@ -6,7 +6,9 @@ other wandb error (no API key, a dead wandb service) is reported in one line on 
 is a no-op and the run goes on.
 """
 
+import shutil
 import sys
+from pathlib import Path
 
 from lightning.fabric.loggers.logger import _DummyExperiment
 from lightning.pytorch.loggers import WandbLogger
@@ -41,9 +43,16 @@ class ResilientWandbLogger(WandbLogger):
                 self._fail(e)
                 return _DummyExperiment()
             _say(f"wandb online did not start ({_line(e)}); logging offline instead (`wandb sync` later)")
+            self._drop_online_runs()
         self._offline = True
         self._wandb_init["mode"] = "offline"
         return self.experiment
+
+    def _drop_online_runs(self) -> None:
+        """The online attempt's run folder (wandb/run-*: no data, it never started) would sit beside the offline run
+        as a second, empty run for `wandb sync`."""
+        for d in Path(self.save_dir or ".", "wandb").glob("run-*"):
+            shutil.rmtree(d, ignore_errors=True)
 
     def log_hyperparams(self, params) -> None:
         self._guard(super().log_hyperparams, params)

@@ -94,6 +94,7 @@ def test_wandb_online_that_cannot_start_goes_offline(tmp_path):
     d = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert d["complete"] and validate(d) == [] and d["metrics"]["step_ms"]["n"] == 2
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert not list((tmp_path / "run" / "wandb").glob("run-*"))  # no empty online run left beside it
 
 
 def test_kernel_breakdown_of_a_cuda_trace():
