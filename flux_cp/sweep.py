@@ -30,7 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from flux_cp.config import ConfigError, DataConfig, ModelConfig, RunConfig, parse_config, resolve
+from flux_cp.checks import resolve
+from flux_cp.config import ConfigError, DataConfig, ModelConfig, RunConfig, parse_config
 from flux_cp.failures import KIND_OF_EXIT
 from flux_cp.results import write_json_atomic
 

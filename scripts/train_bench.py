@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from flux_cp.config import ConfigError, parse_config, resolve, run_name  # noqa: E402
+from flux_cp.checks import resolve  # noqa: E402
+from flux_cp.config import ConfigError, parse_config, run_name  # noqa: E402
 from flux_cp.outputs import run_dir  # noqa: E402
 
 

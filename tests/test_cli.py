@@ -220,7 +220,8 @@ def test_gpu_strategies_that_pin_flash_get_an_exact_kernel_outside_bf16(args, ba
     """The ring and allgather-kv pin flash on CUDA (cuDNN faults under them on torch 2.11); fp32/fp64 have no
     flash kernel (the ring's fp32 run on the H200 failed with "No available kernel"): auto picks the next exact
     one, and an explicit flash is refused in one line naming the fix."""
-    from flux_cp.config import ConfigError, parse_config, resolve
+    from flux_cp.checks import resolve
+    from flux_cp.config import ConfigError, parse_config
 
     def resolved(*a):
         return resolve(parse_config(["--config", str(TINY), *a], cuda_available=True), cuda_available=True, gpu_count=1)

@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from flux_cp.config import ConfigError, parse_config, resolve
+from flux_cp.checks import resolve
+from flux_cp.config import ConfigError, parse_config
 
 from .conftest import EXACT, EXACT_STEPS, ROOT, SCRIPT, TINY, assert_exact, bench, exact_run, free_port, load_exact
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from flux_cp.config import parse_config, resolve
+from flux_cp.checks import resolve
+from flux_cp.config import parse_config
 from flux_cp.opbench import OPS, OpBench
 from flux_cp.results import OPS_METRICS, validate
 

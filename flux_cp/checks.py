@@ -1,0 +1,262 @@
+"""Settings checked before any process starts: `auto` filled in, the combination validated, bad input refused
+with one line naming the setting and the fix (ConfigError; the entry point exits with code 2).
+
+    cfg = resolve(parse_config(argv), cuda_available=..., gpu_count=...)
+"""
+
+import os
+
+from flux_cp.config import HEAD_SHARDING, BenchConfig, ConfigError, DataConfig, ModelConfig, RunConfig
+
+
+def resolve(
+    cfg: BenchConfig, *, cuda_available: bool, gpu_count: int, env: dict[str, str] | None = None
+) -> BenchConfig:
+    """Fill `auto` settings and check the combination, before any process is spawned."""
+    run, model, data = cfg.run, cfg.model, cfg.data
+    if run.accelerator == "auto":
+        run.accelerator = "gpu" if cuda_available else "cpu"
+    if run.accelerator == "gpu" and not cuda_available:
+        raise ConfigError("--accelerator gpu: no CUDA device is visible (use --accelerator cpu)")
+    if run.devices < 1:
+        raise ConfigError(f"--devices {run.devices}: must be >= 1")
+    if run.accelerator == "gpu" and run.devices > gpu_count:
+        raise ConfigError(f"--devices {run.devices}: only {gpu_count} GPU(s) visible (use --devices <= {gpu_count})")
+    check_nodes(run, os.environ if env is None else env)
+    check_dims(model, data)
+    if not run.ops_only:
+        _check_simulation(run)
+    ranks = run.world_size
+    if run.cp_degree is None:
+        run.cp_degree = ranks  # pure CP, as with one node
+    if run.cp_degree < 1 or ranks % run.cp_degree:
+        raise ConfigError(
+            f"--cp-degree {run.cp_degree}: must divide the {ranks} ranks (--devices {run.devices} x --num-nodes "
+            f"{run.num_nodes} = data-parallel degree x CP degree: pick one of "
+            f"{[k for k in range(1, ranks + 1) if ranks % k == 0]})"
+        )
+    if run.ops_only:
+        return _resolve_ops(cfg)
+    sim = run.simulate_world
+    if run.cp == "auto":
+        run.cp = "none" if run.cp_degree == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
+    if run.cp == "torch" and run.accelerator != "gpu":
+        raise ConfigError(
+            "--cp torch: torch's context_parallel intercepts only CUDA SDPA kernels "
+            "(use --cp allgather-kv on CPU, or run on a GPU)"
+        )
+    if run.accelerator == "gpu" and run.precision != "bf16-true" and run.cp in ("torch", "allgather-kv"):
+        # These strategies pin flash under auto (cuDNN faults under them on torch 2.11), and flash has no fp32/fp64
+        # kernel: the next exact one instead.
+        exact = "efficient" if run.precision == "32-true" else "math"
+        if run.sdpa_backend == "auto":
+            run.sdpa_backend = exact
+        elif run.sdpa_backend == "flash":
+            raise ConfigError(f"--sdpa-backend flash: no {run.precision} kernel on the GPU (use --precision bf16-true, "
+                              f"or --sdpa-backend {exact})")
+    if run.cp == "none" and run.cp_degree > 1:
+        raise ConfigError(
+            f"--cp none: no context parallelism across a CP group of {run.cp_degree} ranks (use --cp-degree 1)"
+        )
+    if run.steps < 1 or run.warmup_steps < 0:
+        raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
+    if run.timeout_s <= 0:
+        raise ConfigError(f"--timeout-s {run.timeout_s}: must be > 0 seconds")
+    if run.compile and run.warmup_steps < 2:
+        raise ConfigError(
+            f"--warmup-steps {run.warmup_steps}: --compile compiles (and may recompile) in warm-up; use >= 2"
+        )
+    if run.profile and run.profile_steps < 1:
+        raise ConfigError(f"--profile-steps {run.profile_steps}: must be >= 1 (extra steps after warm-up)")
+    if run.num_workers is None:
+        run.num_workers = 4 if run.accelerator == "gpu" and run.loader == "workers" else 0
+    if run.num_workers < 0:
+        raise ConfigError(f"--num-workers {run.num_workers}: must be >= 0 (0: batches made in the main process)")
+    if run.num_workers and run.loader != "workers":
+        raise ConfigError(f"--num-workers {run.num_workers}: worker processes make batches with --loader workers only "
+                          "(add it, or drop --num-workers)")
+    if run.sigterm_every < 1:
+        raise ConfigError(f"--sigterm-every {run.sigterm_every}: a number of steps >= 1 (1: Lightning's every step)")
+    if run.harness == "bare":
+        _check_bare(run)
+    if run.sync_debug and run.accelerator != "gpu":
+        raise ConfigError("--sync-debug: torch's sync debug mode watches CUDA calls (drop it, or run on a GPU)")
+    if run.gc_every < 0:
+        raise ConfigError(f"--gc-every {run.gc_every}: 0 (Python's automatic collection) or a number of steps >= 1")
+    if run.idle_probe_every == 1 or run.idle_probe_every < 0:
+        raise ConfigError(f"--idle-probe-every {run.idle_probe_every}: 0 (off) or >= 2")
+    w = run.cp_degree
+    where = "--simulate-world" if sim and run.cp_degree == ranks else "--cp-degree" if sim else None
+    what = f"--simulate-world {sim}" if where == "--simulate-world" else f"the CP degree {w}"  # the setting to change
+    sizes = (("data.image_height * data.image_width", data.image_tokens), ("data.text_tokens", data.text_tokens))
+    for name, n in sizes:
+        if n % w:
+            raise ConfigError(
+                f"{name} = {n} is not divisible by {what} (image and text tokens are sharded "
+                f"separately: pick sizes divisible by {w}, or another {where or '--devices / --cp-degree'})"
+            )
+    _check_heads(model, run.cp, w, what, f"use a {where or '--cp-degree'}")
+    if run.split_conditioning and (2 * model.hidden) % w + (3 * model.hidden) % w:
+        raise ConfigError(
+            f"--split-conditioning: the modulation linears' widths (2, 3 and 6 x hidden {model.hidden}) must divide "
+            f"by the CP degree {w} (pick a CP degree dividing {2 * model.hidden} and {3 * model.hidden}, or drop it)"
+        )
+    return cfg
+
+
+# Settings of the Lightning harness that the bare loop (one event pair per step, nothing else) has no use for
+LIGHTNING_ONLY = {"timing_ab": False, "profile": False, "sync_debug": False, "gc_every": 0, "dump_ops": False,
+                  "loader": "device"}
+
+
+def _check_bare(run: RunConfig) -> None:
+    for key, default in LIGHTNING_ONLY.items():
+        if getattr(run, key) != default:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} {getattr(run, key)}: a setting of the Lightning harness; --harness bare times "
+                              f"whole steps only (drop {flag}, or use --harness lightning)")
+
+
+def check_dims(model: ModelConfig, data: DataConfig) -> None:
+    """Dimensions the model and the batches can be built with (checked before any process starts)."""
+    positive = {"num_heads": model.num_heads, "in_channels": model.in_channels, "text_dim": model.text_dim,
+                "pooled_dim": model.pooled_dim}
+    for key, v in positive.items():
+        if v < 1:
+            raise ConfigError(f"--model.{key} {v}: must be >= 1")
+    if model.head_dim < 6 or model.head_dim % 2:
+        raise ConfigError(f"--model.head_dim {model.head_dim}: must be even and >= 6 (three RoPE axes rotate pairs "
+                          "of channels)")
+    if model.mlp_ratio <= 0 or int(model.hidden * model.mlp_ratio) < 1:
+        raise ConfigError(f"--model.mlp_ratio {model.mlp_ratio}: must be > 0")
+    if model.double_blocks < 0 or model.single_blocks < 0 or model.double_blocks + model.single_blocks < 1:
+        raise ConfigError(f"--model.double_blocks {model.double_blocks} --model.single_blocks {model.single_blocks}: "
+                          "need >= 0 of each and at least one block")
+    axes = model.rope_axes
+    if len(axes) != 3 or min(axes) < 2 or sum(axes) != model.head_dim or any(a % 2 for a in axes):
+        raise ConfigError(f"--model.rope_axes {axes}: three even sizes (text/index, row, col) summing to head_dim "
+                          f"{model.head_dim}, e.g. {_rope_example(model.head_dim)}")
+    for key in ("image_height", "image_width", "text_tokens", "batch_size"):
+        if getattr(data, key) < 1:
+            raise ConfigError(f"--data.{key} {getattr(data, key)}: must be >= 1")
+
+
+def _rope_example(head_dim: int) -> list[int]:
+    """Flux's split (16, 56, 56 of 128) scaled to head_dim, kept even."""
+    a = max(2, 2 * round(head_dim / 16))
+    b = 2 * ((head_dim - a) // 4)
+    return [head_dim - 2 * b, b, b]
+
+
+def _check_simulation(run: RunConfig) -> None:
+    """--simulate-world W: one process, rank --simulate-rank of a W-rank job (checked before anything starts)."""
+    sim = run.simulate_world
+    if sim is None:
+        if run.simulate_rank:
+            raise ConfigError(f"--simulate-rank {run.simulate_rank}: needs --simulate-world W (the job's size)")
+        return
+    if not isinstance(sim, int):
+        raise ConfigError(f"--simulate-world {sim}: training takes one W (lists are for --ops-only)")
+    if sim < 2:
+        raise ConfigError(f"--simulate-world {sim}: a simulated job has W >= 2 ranks (drop it to run one real process)")
+    if run.devices * run.num_nodes != 1:
+        raise ConfigError(
+            f"--simulate-world {sim}: this one process is a rank of the simulated job (drop --devices {run.devices}"
+            f"{f' --num-nodes {run.num_nodes}' if run.num_nodes > 1 else ''}, or drop --simulate-world to run them)"
+        )
+    if not 0 <= run.simulate_rank < sim:
+        raise ConfigError(f"--simulate-rank {run.simulate_rank}: ranks of --simulate-world {sim} run 0..{sim - 1}")
+
+
+def _check_heads(model: ModelConfig, cp: str, w: int, what: str, fix: str) -> None:
+    """Head-sharding strategies need heads divisible by the split."""
+    if cp in HEAD_SHARDING and model.num_heads % w:
+        raise ConfigError(
+            f"--model.num_heads {model.num_heads} is not divisible by {what}, which --cp {cp} needs "
+            f"(it shards heads: {fix} dividing {model.num_heads}, or --cp allgather-kv)"
+        )
+
+
+def check_nodes(run: RunConfig, env) -> None:
+    """The node count must agree with the launcher that started us (torchrun, SLURM, NODE_RANK)."""
+    if run.num_nodes < 1:
+        raise ConfigError(f"--num-nodes {run.num_nodes}: must be >= 1")
+    for var in ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID"):  # Lightning / torchrun / SLURM name for it
+        if var in env and not 0 <= int(env[var]) < run.num_nodes:
+            raise ConfigError(
+                f"--num-nodes {run.num_nodes}: this node has {var}={env[var]}, node ranks run 0..{run.num_nodes - 1}"
+                " (set --num-nodes to the number of nodes launched)"
+            )
+    if "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE", run.world_size)) != run.world_size:
+        raise ConfigError(
+            f"--num-nodes {run.num_nodes} x --devices {run.devices} = {run.world_size} ranks, but torchrun started "
+            f"WORLD_SIZE={env['WORLD_SIZE']} (use --num-nodes = --nnodes and --devices = --nproc-per-node)"
+        )
+    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):  # as Lightning detects it
+        if int(env.get("SLURM_NNODES", run.num_nodes)) != run.num_nodes:
+            raise ConfigError(
+                f"--num-nodes {run.num_nodes}: the SLURM job has SLURM_NNODES={env['SLURM_NNODES']} (use --num-nodes "
+                f"{env['SLURM_NNODES']}, and --devices = --ntasks-per-node)"
+            )
+
+
+def _int_list(flag: str, value) -> list[int] | None:
+    """`4`, `[2, 4]` or "2,4,8" -> [2, 4, 8]; a one-line ConfigError otherwise."""
+    if value is None or isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return value
+    if isinstance(value, int):
+        return [value]
+    try:
+        out = [int(v) for v in str(value).split(",")]
+    except ValueError:
+        raise ConfigError(f"{flag} {value}: expected comma-separated integers, e.g. {flag} 4608,16384") from None
+    if not out or min(out) < 1:
+        raise ConfigError(f"{flag} {value}: values must be >= 1")
+    return out
+
+
+def split_seq_len(seq_len: int, data: DataConfig) -> tuple[int, int]:
+    """(image, text) tokens of a total length: text stays the config's text_tokens (T5's fixed length)."""
+    return seq_len - data.text_tokens, data.text_tokens
+
+
+def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
+    """Checks of --ops-only: per-rank shapes of each seq len for each (simulated) world size."""
+    run, model, data = cfg.run, cfg.model, cfg.data
+    if run.harness == "bare":
+        raise ConfigError("--harness bare: the op bench has no harness around its calls (drop --harness or --ops-only)")
+    run.seq_lens = _int_list("--seq-lens", run.seq_lens) or [data.seq_len]
+    sims = _int_list("--simulate-world", run.simulate_world)
+    run.simulate_world = None if sims == [1] else sims  # 1 alone (the default): no simulation
+    sim = run.simulate_world is not None
+    if sim and run.devices > 1:
+        raise ConfigError(f"--simulate-world runs on one process: use --devices 1 (got --devices {run.devices})")
+    if run.cp == "auto":
+        if sim:
+            run.cp = "torch" if run.accelerator == "gpu" else "allgather-kv"
+        else:
+            run.cp = "none" if run.devices == 1 else ("torch" if run.accelerator == "gpu" else "allgather-kv")
+    if run.cp == "torch" and run.accelerator != "gpu":
+        raise ConfigError(
+            "--cp torch: torch's context_parallel intercepts only CUDA SDPA kernels "
+            "(use --cp allgather-kv on CPU, or run on a GPU)"
+        )
+    if run.cp == "none" and (run.devices > 1 or sim):
+        raise ConfigError("--cp none: no split to measure or simulate (use --cp torch, allgather-kv or ulysses)")
+    if run.graph and run.accelerator != "gpu":
+        raise ConfigError("--graph: CUDA graphs need a GPU (drop --graph, or use --accelerator gpu)")
+    if run.reps is not None and run.reps < 1:
+        raise ConfigError(f"--reps {run.reps}: must be >= 1")
+    for w in run.simulate_world or [run.devices]:
+        for s in run.seq_lens:
+            image, text = split_seq_len(s, data)
+            if image < 1:
+                raise ConfigError(f"--seq-lens {s}: shorter than the text tokens (data.text_tokens {text}) plus one "
+                                  f"image token: use lengths > {text}")
+            if image % w or text % w:
+                raise ConfigError(
+                    f"--seq-lens {s}: {image} image + {text} text tokens (data.text_tokens) do not both divide by "
+                    f"W = {w} (they are sharded separately: pick a length whose image part divides by {w})"
+                )
+        _check_heads(model, run.cp, w, f"W = {w}", "pick W")
+    return cfg
