@@ -29,7 +29,7 @@ from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, o
 from flux_cp.model import num_params
 from flux_cp.results import RunSummary, gather_row, run_start_time, train_header, wall_split
 from flux_cp.simulate import allreduce_hook, init_fake_world
-from flux_cp.step import FluxStep, build_model, default_dtype
+from flux_cp.step import FluxStep, build_model, default_dtype, init_device
 from flux_cp.timing import StepTimer
 
 
@@ -99,9 +99,8 @@ def run_bare(cfg: BenchConfig, command: list[str], report=None) -> int:
 
 def _run(cfg: BenchConfig, report) -> int:
     run, data = cfg.run, cfg.data
-    t_proc = run_start_time()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if run.accelerator == "gpu" else \
-        torch.device("cpu")
+    t_run = run_start_time()
+    device = init_device(run.accelerator)  # where Lightning's strategy would put this rank (LOCAL_RANK)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     elif "OMP_NUM_THREADS" not in os.environ:  # the cores shared out over the ranks, as Lightning's launcher does
@@ -150,7 +149,7 @@ def _run(cfg: BenchConfig, report) -> int:
         dist.destroy_process_group()
     if rank != (run.simulate_rank if run.simulate_world else 0):
         return 0
-    summary.header["wall_s"] = wall_split(t_proc, wall["start"], wall.get("warm", wall["start"]), wall["end"],
+    summary.header["wall_s"] = wall_split(t_run, wall["start"], wall.get("warm", wall["start"]), wall["end"],
                                           time.time())
     path = summary.write(complete=True)
     if report is not None:

@@ -184,7 +184,7 @@ class CPStrategy:
         (`_fused_sdp_choice`) under this strategy's backend setting. torch's ring runs that kernel's ring variant."""
         qs, kvs = self.sdpa_shapes(b, h, s_local, d)
         q, kv = torch.empty(qs, dtype=dtype, device=device), torch.empty(kvs, dtype=dtype, device=device)
-        with self.step_context() if self.name != "torch" else CPStrategy.step_context(self):  # no ring needed
+        with CPStrategy.step_context(self):  # the backend setting alone (the ring's context needs no part in this)
             choice = SDPBackend(torch._fused_sdp_choice(q, kv, kv))
         return {SDPBackend.CUDNN_ATTENTION: "cudnn", SDPBackend.FLASH_ATTENTION: "flash",
                 SDPBackend.EFFICIENT_ATTENTION: "efficient", SDPBackend.MATH: "math"}.get(choice, choice.name.lower())
