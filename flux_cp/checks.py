@@ -96,6 +96,7 @@ def resolve(
                 f"separately: pick sizes divisible by {w}, or another {where or '--devices / --cp-degree'})"
             )
     _check_heads(model, run.cp, w, what, f"use a {where or '--cp-degree'}")
+    _check_ring_kernel(run, data.seq_len, w, what)
     if run.split_conditioning and (2 * model.hidden) % w + (3 * model.hidden) % w:
         raise ConfigError(
             f"--split-conditioning: the modulation linears' widths (2, 3 and 6 x hidden {model.hidden}) must divide "
@@ -174,6 +175,18 @@ def _check_heads(model: ModelConfig, cp: str, w: int, what: str, fix: str) -> No
         raise ConfigError(
             f"--model.num_heads {model.num_heads} is not divisible by {what}, which --cp {cp} needs "
             f"(it shards heads: {fix} dividing {model.num_heads}, or --cp allgather-kv)"
+        )
+
+
+def _check_ring_kernel(run: RunConfig, seq: int, w: int, what: str) -> None:
+    """torch's ring merges its chunks by their logsumexp, which the memory-efficient kernel pads to a multiple of
+    32 rows: any other per-rank length fails inside the ring at W >= 2 ("size of tensor a (64) must match ... (36)")."""
+    per_rank = seq // w
+    if w > 1 and run.cp == "torch" and run.accelerator == "gpu" and run.sdpa_backend == "efficient" and per_rank % 32:
+        raise ConfigError(
+            f"--cp torch with the memory-efficient SDPA kernel ({run.precision}): {per_rank} tokens per rank for "
+            f"{what}; torch's ring needs a multiple of 32 with that kernel (use --precision bf16-true for flash, "
+            f"or a sequence whose per-rank share divides by 32)"
         )
 
 
@@ -259,4 +272,6 @@ def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
                     f"W = {w} (they are sharded separately: pick a length whose image part divides by {w})"
                 )
         _check_heads(model, run.cp, w, f"W = {w}", "pick W")
+        for s in run.seq_lens:
+            _check_ring_kernel(run, s, w, f"W = {w} at --seq-lens {s}")
     return cfg

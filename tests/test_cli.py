@@ -232,6 +232,30 @@ def test_gpu_strategies_that_pin_flash_get_an_exact_kernel_outside_bf16(args, ba
             resolved("--accelerator", "gpu", *args, "--sdpa-backend", "flash")
 
 
+def test_ring_with_the_efficient_kernel_needs_per_rank_tokens_in_32s():
+    """torch's ring merges chunks by logsumexp, which the memory-efficient kernel pads to 32 rows: the H200 run of
+    the tiny fp32 config at W=4 (36 tokens per rank) failed inside the ring with "64 vs 36". Refused up front,
+    naming the fix; bf16 (flash) and lengths in 32s per rank pass."""
+    from flux_cp.checks import resolve
+    from flux_cp.config import ConfigError, parse_config
+
+    def resolved(*a):
+        return resolve(parse_config(["--config", str(TINY), "--accelerator", "gpu", "--cp", "torch", *a],
+                                    cuda_available=True), cuda_available=True, gpu_count=1)
+
+    with pytest.raises(ConfigError, match=r"36 tokens per rank .* multiple of 32 .* --precision bf16-true"):
+        resolved("--precision", "32-true", "--simulate-world", "4")
+    assert resolved("--precision", "bf16-true", "--simulate-world", "4").run.sdpa_backend == "auto"
+    assert resolved("--precision", "32-true").run.sdpa_backend == "efficient"  # W=1: one chunk, nothing to merge
+    # 16 x 8 image + 64 text tokens: 96 per rank at W=2
+    assert resolved("--precision", "32-true", "--simulate-world", "2", "--data.image_height", "16",
+                    "--data.text_tokens", "64").run.sdpa_backend == "efficient"
+    with pytest.raises(ConfigError, match="multiple of 32"):
+        resolve(parse_config(["--config", str(TINY), "--accelerator", "gpu", "--ops-only", "--cp", "torch",
+                              "--simulate-world", "1,2", "--seq-lens", "144", "--sdpa-backend", "efficient"],
+                             cuda_available=True), cuda_available=True, gpu_count=1)
+
+
 def test_docs_links_resolve_inside_the_repo():
     """Every relative link of README.md and docs/*.md points at a file of this checkout (a clone has no ../shared)."""
     import re
