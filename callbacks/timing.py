@@ -12,8 +12,11 @@ logger API) and keeps the summary; summary.json records where the reads happened
 Warm-up steps are run and their loss kept, but their timings stay out of the statistics; so do
 profiled steps (--profile: extra steps right after warm-up, slowed by the profiler itself).
 
-Each measured step has a kind (`step_kind`), the same on every rank:
-- "timed": op regions on -> step_ms, host_ms, sdpa_*/qkv_gemm_* (the normal step), and the loop's
+Each measured step has a kind (`step_kind`), the same on every rank. The step's own figures come from
+steps that carry nothing the bare loop (flux_cp/bare.py) does not: at W >= 2 the host issues a step about
+as fast as the device runs it, and on an H200 op regions every step and a probe every 4th made the Lightning
+step 8-24% longer than its bare twin at W = 4 and 8 (docs/results/2026-12-03-h200-regimes.md).
+- "plain": no regions -> step_ms, host_ms, and the loop's
   pace: loop_ms (host wall time from this step's start to the next's: data loading included, unlike
   step_ms), data_ms
   (host time from the end of this callback's hooks of the last step to the batch leaving the loader: the
@@ -22,15 +25,17 @@ Each measured step has a kind (`step_kind`), the same on every rank:
   the step: reading finished steps, logging). A step's loop_ms is its
   host_ms + after_ms and the next step's data_ms + transfer_ms + prologue_ms: the host's whole period;
   gc_ms is the part of that period Python's garbage collector took (wherever it struck);
-- "plain": regions off -> step_ms/host_ms when --timing false; with --timing-ab (instrumentation
-  overhead, alternating in one process) every other step is plain -> step_untimed_ms;
+- "timed" (every --regions-every'th measured step, with --timing): op regions on -> sdpa_*/qkv_gemm_*, and the
+  step itself as step_timed_ms / host_timed_ms / loop_timed_ms (timing_overhead_pct: the regions' cost, in one
+  process); with --regions-every 1 every step is timed and gives step_ms;
 - "probe" (CUDA, every --idle-probe-every'th step): the host runs ahead of the device ->
   device_busy_ms, from which summary.json's device idle fraction comes. A probe leaves the device a
   backlog (the spin, then the step's kernels) that a host-bound loop drains by only host - busy ms a
   step: measured on an H200 at W=2 (host ~65, busy ~51 ms), the steps after a probe ran from it for
   several steps, device bound, and the step median fell below the bare loop's. So the probe ends by
-  waiting for its own last event (out of the statistics, like the probe): the next step starts as
-  the loop's steps do.
+  waiting for its own last event (out of the statistics, like the probe);
+- "settle": the step after a probe starts on an idle device, which a host-bound loop never does ->
+  step_after_probe_ms only.
 
 Every rank keeps the (gathered) summary, so that whichever rank fails can write what was measured.
 """
@@ -59,15 +64,15 @@ class OpTimingCallback(Callback):
         header: dict,
         warmup_steps: int,
         profile_steps: int = 0,
-        timing_ab: bool = False,
-        idle_probe_every: int = 4,
+        regions_every: int = 4,
+        idle_probe_every: int = 8,
         flush_every_s: float = 1.0,
         report_rank: int = 0,
     ):
         self.summary = RunSummary(summary_path, header, warmup_steps + profile_steps)
         self.warmup_steps = warmup_steps
         self.skip = warmup_steps + profile_steps  # steps kept out of the statistics
-        self.timing_ab = timing_ab
+        self.regions_every = regions_every
         self.idle_probe_every = idle_probe_every
         self.flush_every_s = flush_every_s  # summary.json rewrites while measuring: at most this often
         self.report_rank = report_rank  # the rank that writes summary.json and logs: 0, or the simulated rank
@@ -81,6 +86,7 @@ class OpTimingCallback(Callback):
         self._lags: list[int] = []  # measured steps: how many steps later than its own end each was read
         # measured steps' reads, where (probe steps apart: they end by waiting for the device on purpose)
         self._reads = {"in_loop": 0, "after_loop": 0, "waited_in_loop": 0, "probe_drains": 0}
+        self._kinds: dict[str, int] = {}  # measured steps read, by kind (summary.json step_kinds)
         self._in_loop = False
         self._regions = False  # the run times op regions (--timing)
         self.wall: dict[str, float] = {}  # epoch seconds: the run's start, first step, warm-up end, last step end
@@ -93,12 +99,16 @@ class OpTimingCallback(Callback):
 
     def step_kind(self, batch_idx: int, cuda: bool, timing: bool) -> str:
         j = batch_idx - self.skip  # index among measured steps
+        if j < 0:  # warm-up (and profiled steps): regions on, so that any recompilation they cause happens here
+            return "warmup" if timing else "plain"
         every = self.idle_probe_every
-        if j >= 0 and cuda and every and j % every == every - 1:
+        if cuda and every and j % every == every - 1:
             return "probe"
-        if not timing or (j >= 0 and self.timing_ab and j % 2 == 1):
-            return "plain"
-        return "timed"
+        if cuda and every and j >= every and j % every == 0:
+            return "settle"
+        if timing and (self.regions_every == 1 or j % self.regions_every == 1):  # 1: never a settle step's slot
+            return "timed"
+        return "plain"
 
     def on_train_start(self, trainer, pl_module):  # after the module's on_fit_start built the strategy
         # the backend the strategy actually uses (`auto` can be pinned, e.g. flash under torch CP)
@@ -131,7 +141,7 @@ class OpTimingCallback(Callback):
         gc_ms = self._gc.take()  # collections since the last step started: in its loop period
         if self._ended is not None:
             self._ended["gc_ms"] = gc_ms
-        timer.start_step(regions=kind == "timed", probe_ms=probe_ms)
+        timer.start_step(regions=kind in ("timed", "warmup"), probe_ms=probe_ms)
         self._host0[batch_idx] = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -183,6 +193,9 @@ class OpTimingCallback(Callback):
         comm = local.pop("comm", None)
         step_ms = local["step_ms"]  # a probe step's is its busy time (renamed below)
         local = self._figures(kind, local)
+        if batch_idx >= self.skip:
+            self._kinds[kind] = self._kinds.get(kind, 0) + 1
+            self.summary.header["step_kinds"] = dict(self._kinds)
         keys = sorted(local)  # same on every rank: the kind and the steps started are
         every = gather_row([local[k] for k in keys] + [loss], self._group if collective else None)  # (W, M + 1)
         loss = every[:, -1].mean().item()  # equal shards of equally many samples: global loss = mean over dp x cp ranks
@@ -210,8 +223,10 @@ class OpTimingCallback(Callback):
         """A step's figures under the names its kind gives them."""
         if kind == "probe":
             return {"device_busy_ms": local["step_ms"]}
-        if kind == "plain" and self.timing_ab and self._regions:
-            return {"step_untimed_ms": local["step_ms"], "host_untimed_ms": local["host_ms"]}
+        if kind == "settle":
+            return {"step_after_probe_ms": local["step_ms"]}
+        if kind == "timed" and self.regions_every > 1:  # plain steps give step_ms
+            return {(f"{k[:-3]}_timed_ms" if k in ("step_ms", "host_ms", "loop_ms") else k): v for k, v in local.items()}
         return local
 
     def _finish_reads(self, trainer, pl_module, collective: bool) -> None:

@@ -172,7 +172,9 @@ def _add_steps(summary: RunSummary, timer: StepTimer, records: list[dict], gloo)
         summary.add_step(i, every[:, -1].mean().item(), dict(zip(keys, every[0, :-1].tolist())),
                          dict(zip(keys, vmax)), dict(zip(keys, vmin)))
         if "comm" in f:
-            summary.add_comm(i, "timed", f["step_ms"], f["comm"])
+            summary.add_comm(i, "plain", f["step_ms"], f["comm"])
+    if measured := max(0, len(rows) - summary.warmup_steps):  # every measured step is plain here
+        summary.header["step_kinds"] = {"plain": measured}
 
 
 def _save(rank: int, run, tensors: dict, name: str) -> None:

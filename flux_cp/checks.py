@@ -75,6 +75,11 @@ def resolve(
     if run.num_workers and run.loader != "workers":
         raise ConfigError(f"--num-workers {run.num_workers}: worker processes make batches with --loader workers only "
                           "(add it, or drop --num-workers)")
+    if run.host_slowdown < 1:
+        raise ConfigError(f"--host-slowdown {run.host_slowdown}: >= 1 (1: the host as it is; K: ~1/K of one core)")
+    if run.host_slowdown > 1 and (run.devices > 1 or run.num_nodes > 1):
+        raise ConfigError(f"--host-slowdown {run.host_slowdown}: emulated for one process (--devices 1, or "
+                          f"--simulate-world W for a rank of W); drop it to run {run.devices} processes")
     if run.sigterm_every < 1:
         raise ConfigError(f"--sigterm-every {run.sigterm_every}: a number of steps >= 1 (1: Lightning's every step)")
     if run.harness == "bare":
@@ -83,6 +88,8 @@ def resolve(
         raise ConfigError("--sync-debug: torch's sync debug mode watches CUDA calls (drop it, or run on a GPU)")
     if run.gc_every < 0:
         raise ConfigError(f"--gc-every {run.gc_every}: 0 (Python's automatic collection) or a number of steps >= 1")
+    if run.regions_every < 1:
+        raise ConfigError(f"--regions-every {run.regions_every}: >= 1 (1: op regions in every measured step)")
     if run.idle_probe_every == 1 or run.idle_probe_every < 0:
         raise ConfigError(f"--idle-probe-every {run.idle_probe_every}: 0 (off) or >= 2")
     w = run.cp_degree
@@ -106,7 +113,7 @@ def resolve(
 
 
 # Settings of the Lightning harness that the bare loop (one event pair per step, nothing else) has no use for
-LIGHTNING_ONLY = {"timing_ab": False, "profile": False, "sync_debug": False, "gc_every": 0, "dump_ops": False,
+LIGHTNING_ONLY = { "profile": False, "sync_debug": False, "gc_every": 0, "dump_ops": False,
                   "loader": "device"}
 
 

@@ -92,13 +92,17 @@ class RunConfig:
     # Lightning 2.6 broadcasts a SIGTERM flag and reads it back (.item(): a host-device sync) before every step at
     # W > 1 (its PR 20825); here every N steps, as its PR 21640 proposes. 1: stock Lightning
     sigterm_every: int = 100
+    # an emulated slower host: this process pinned to one core shared with K - 1 busy loops (flux_cp/hostload.py)
+    host_slowdown: int = 1
     output: str | None = None  # run folder; default: a new runs/<run_name>/<time> (runs/<run_name>/latest points at it)
     overwrite: bool = False  # let --output replace the complete run it holds
     group: str = "adhoc"  # sweep id: one wandb dashboard per group
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"  # wandb run in <output>/wandb; online: synced
     timing: bool = True  # op regions (QKV GEMM, SDPA) inside the step
-    timing_ab: bool = False  # overhead check: regions on and off in alternate steps (step_untimed_ms)
-    idle_probe_every: int = 4  # CUDA: every Nth measured step lets the host run ahead -> device_busy_ms (0: off)
+    # op regions on every Nth measured step (1: all): the others give step_ms as the bare loop's steps, the timed ones
+    # step_timed_ms and the ops (timing_overhead_pct): at W >= 2 the regions' host time would otherwise be step time
+    regions_every: int = 4
+    idle_probe_every: int = 8  # CUDA: every Nth measured step lets the host run ahead -> device_busy_ms (0: off)
     profile: bool = False  # torch.profiler over profile_steps extra steps after warm-up: traces + kernel breakdown
     profile_steps: int = 3  # --profile: steps traced
     compile: bool = False  # torch.compile each block (compilation happens in warm-up, never in step times)
@@ -156,8 +160,8 @@ class BenchConfig:
 RUN_GROUPS = {
     "Parallelism": ("cp", "cp_degree", "weights", "rotate", "sdpa_backend", "split_conditioning", "simulate_world",
                     "simulate_rank"),
-    "Harness": ("harness", "loader", "num_workers", "sigterm_every"),
-    "Timing and profiling": ("timing", "timing_ab", "idle_probe_every", "profile", "profile_steps", "sync_debug",
+    "Harness": ("harness", "loader", "num_workers", "sigterm_every", "host_slowdown"),
+    "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",
                              "gc_every"),
     "Compile": ("compile", "compile_mode", "compile_backend", "compile_scope"),
     "Op bench (--ops-only)": ("ops_only", "seq_lens", "seed_compat", "graph", "reps"),

@@ -118,7 +118,8 @@ def predict_ledger(ledger: list[dict], link: LinkProfile, step_ms: float | None 
     step_ms: rescale every record's timeline to this step (e.g. the run's median step_ms), so that the
     prediction uses the same compute as the report's other figures; None keeps each record's own."""
     preds = []
-    for rec in [r for r in ledger if r.get("kind") != "probe"] or ledger:  # a probe step's step_ms is busy time
+    # a probe step's step_ms is busy time; the step after it starts on an idle device
+    for rec in [r for r in ledger if r.get("kind") not in ("probe", "settle")] or ledger:
         tl, colls = timeline_from_record(rec)
         if step_ms is not None and tl.step_ms > 0:
             tl, colls = _scaled(tl, colls, step_ms / tl.step_ms)

@@ -195,7 +195,9 @@ class RunSummary:
             out["device_idle_frac"] = max(0.0, 1.0 - med["device_busy_ms"] / med["step_ms"])
         if "device_busy_ms" in med and "loop_ms" in med:  # the same over the loop's period: gaps between steps too
             out["loop_idle_frac"] = max(0.0, 1.0 - med["device_busy_ms"] / med["loop_ms"])
-        if "step_untimed_ms" in med and "step_ms" in med:  # --timing-ab: regions on vs off, alternating
+        if "step_timed_ms" in med and "step_ms" in med:  # steps with op regions against those without, one run
+            out["timing_overhead_pct"] = 100.0 * (med["step_timed_ms"] / med["step_ms"] - 1.0)
+        elif "step_untimed_ms" in med and "step_ms" in med:  # summaries before --regions-every (--timing-ab)
             out["timing_overhead_pct"] = 100.0 * (med["step_ms"] / med["step_untimed_ms"] - 1.0)
         if "warmup_s" in self.header and "step_ms" in med:  # warm-up wall time beyond as many steady steps
             steady_s = self.header["warmup_steps"] * max(med["step_ms"], med.get("host_ms", 0.0)) / 1e3

@@ -62,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     if is_launcher_process() and not any(a == "--config" or a.startswith("--config=") for a in given):
         where = "a GPU is visible" if cfg.run.accelerator == "gpu" else "no GPU found: a tiny CPU config"
         print(f"train_bench.py: {where}, using {cfg.config_file} (choose with --config)", file=sys.stderr)
+    from flux_cp.hostload import slowed_host
+
+    with slowed_host(cfg.run.host_slowdown):
+        return _run(cfg, given)
+
+
+def _run(cfg, given: list[str]) -> int:
     if cfg.run.harness == "bare":  # no Lightning imported: its start-up is not the bare loop's
         from flux_cp.bare import run_bare
 
@@ -133,7 +140,7 @@ def train(cfg) -> int:
         header,
         run.warmup_steps,
         profile_steps=profile_steps,
-        timing_ab=run.timing_ab,
+        regions_every=run.regions_every,
         idle_probe_every=run.idle_probe_every,
         report_rank=run.simulate_rank if run.simulate_world else 0,
     )
@@ -222,7 +229,7 @@ def print_summary(d: dict, path: Path) -> None:
     for col in ("metric", "median", "min", "max", "rank max (median)"):
         table.add_column(col, justify="right" if col != "metric" else "left")
     first = ["step_ms", "host_ms", "device_busy_ms", "loop_ms", "data_ms", "transfer_ms",
-             "prologue_ms", "after_ms", "gc_ms", "step_untimed_ms"]  # the step, then its parts
+             "prologue_ms", "after_ms", "gc_ms", "step_timed_ms", "step_after_probe_ms"]  # the step, then its parts
 
     def order(name: str):
         return (0, first.index(name)) if name in first else (1, name)

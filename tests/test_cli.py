@@ -33,9 +33,12 @@ def test_devices_2_on_cpu_writes_a_valid_summary(two_ranks):
     assert d["mode"] == "train" and d["world_size"] == 2 and d["cp"] == "allgather-kv" and d["complete"]
     steps = d["config"]["run"]["steps"]
     assert len(d["loss"]) == steps + d["config"]["run"]["warmup_steps"]
+    kinds = d["step_kinds"]  # --regions-every 4 (default): op regions in measured steps 1, 5, ...; no probes on CPU
+    assert kinds == {"plain": steps - (steps + 2) // 4, "timed": (steps + 2) // 4}, kinds
     for name in TRAIN_METRICS:
         m = d["metrics"][name]
-        assert m["n"] == steps and 0 < m["min"] <= m["median"] <= m["max"]
+        assert m["n"] == kinds["plain" if name in ("step_ms", "host_ms") else "timed"]
+        assert 0 < m["min"] <= m["median"] <= m["max"]
         assert m["rank_min_median"] <= m["rank_max_median"]
     # the op regions are parts of the step
     ops = sum(d["metrics"][k]["median"] for k in TRAIN_METRICS[2:])
@@ -283,3 +286,41 @@ def test_gpu_session_without_a_gpu_fails_fast_and_leaves_nothing(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "gpu_session.sh: no CUDA device is visible here: run it on the GPU machine"]
     assert leftover_processes(marker) == [] and not (tmp_path / "out").exists()
+
+
+def test_host_slowdown_pins_the_run_beside_a_busy_loop_and_leaves_nothing(tmp_path):
+    """--host-slowdown 2 (an emulated host of half the speed): the run trains with its threads on one core beside a
+    busy loop, records the setting for the report's regimes, and no spinner outlives it. More than one process is
+    refused before anything starts."""
+    import os
+    import uuid
+
+    from .conftest import leftover_processes
+
+    marker = f"FLUX_CP_TEST_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, "FLUX_CP_TEST_MARK": marker.split("=", 1)[1]}
+    r = bench("--config", TINY, "--host-slowdown", 2, "--steps", 2, "--wandb-mode", "disabled", "--harness", "bare",
+              "--output", tmp_path / "run", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert d["complete"] and d["config"]["run"]["host_slowdown"] == 2
+    assert leftover_processes(marker) == []
+    r = bench("--config", TINY, "--host-slowdown", 2, "--devices", 2, "--output", tmp_path / "two", env=env)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        "train_bench.py: error: --host-slowdown 2: emulated for one process"), r.stderr[-2000:]
+
+
+def test_slowed_host_runs_its_spinners_on_the_pinned_core_and_restores_affinity():
+    import os
+
+    import psutil
+
+    from flux_cp.hostload import slowed_host
+
+    before = os.sched_getaffinity(0)
+    me = psutil.Process()
+    with slowed_host(3) as core:
+        spinners = me.children()
+        assert len(spinners) == 2 and all(p.cpu_affinity() == [core] for p in spinners)
+        assert all(os.sched_getaffinity(int(t)) == {core} for t in os.listdir("/proc/self/task"))
+    assert os.sched_getaffinity(0) == before and not any(p.is_running() and p.status() != "zombie" for p in spinners)

@@ -214,13 +214,15 @@ def regimes_table(report: Report) -> tuple[str, list[str], list[list[str]]]:
     """(title, header, rows): one row per regime, its speedup at each W (bounds: nothing .. everything overlapped)."""
     summary = (report.regimes or {}).get("summary") or {}
     ws = sorted({2, 4, 8} | {int(w) for s in summary.values() for w in s["speedups"]})
-    hdr = ["#", "baseline (W=1)", "batch", "depth", "compile", "Lightning sync", *[f"W={w}" for w in ws], "verdict"]
+    hdr = ["#", "baseline (W=1)", "batch", "depth", "compile", "Lightning sync", "host",
+           *[f"W={w}" for w in ws], "verdict"]
     rows = []
     for i, s in enumerate(summary.values(), 1):
         b = s["baseline"]
         mark = "" if not s["kernel_note"] else " (*)" if b["sdpa_kernel"] != "auto" else " (?)"
         rows.append([str(i), f"{b['kind']}{mark}, {_f(b['step_ms'])} ms", str(s["batch"]), s["depth"], s["compile"],
-                     s["lightning_sync"], *[_speedup_cell(s, str(w)) for w in ws], s["verdict"]])
+                     s["lightning_sync"], s.get("host", "host as is"), *[_speedup_cell(s, str(w)) for w in ws],
+                     s["verdict"]])
     return REGIMES_TITLE, hdr, rows
 
 
