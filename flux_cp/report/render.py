@@ -93,7 +93,7 @@ def _against_target(h: dict, target: float) -> str:
     """Over or under the target, and whether the steps' spread lets the difference count."""
     if h["overhead_pct"] is None:
         return "-"
-    side = "under" if h["within_target"] else "over"
+    side = "within" if h["within_target"] else "over" if h["overhead_pct"] > 0 else "faster by over"
     return f"{side} {target:g}%" + (" (noisy: not significant)" if h["noisy"] else "")
 
 
