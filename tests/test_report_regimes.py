@@ -258,3 +258,25 @@ def test_markdown_figure_and_cli(built, capsys):
                                           ({2: 1.66, 8: 0.9}, "reproduces"), ({4: 1.66, 8: 1.7}, "incomplete")])
 def test_verdict_bounds(speedups, want):
     assert verdict(speedups)[0] == want
+
+
+def test_repeats_give_their_median_run_and_a_slowed_host_its_own_regime(tmp_path):
+    """Three repeats of one W=2 cell (50, 60, 90 ms): the cell is the median run, its spread noted; the same cell on
+    an emulated half-speed host (--host-slowdown 2) is another regime, paired with a baseline of that host only."""
+    for i, ms in enumerate((90.0, 50.0, 60.0)):
+        d = summary(SIM[2], f"rep{i}", ms, sdpa_kernel="flash")
+        d["config"]["data"]["seed"] = i
+        put(tmp_path, f"rep{i}", d, age=10 * i)
+    put(tmp_path, "w1", summary(NONE_W1, "w1", 120.0, sdpa_kernel="flash"))
+    for name, ms, src in (("slow-w1", 125.0, NONE_W1), ("slow-w2", 100.0, SIM[2])):
+        d = summary(src, name, ms, sdpa_kernel="flash")
+        d["config"]["run"]["host_slowdown"] = 2
+        put(tmp_path, name, d)
+    reg = build(tmp_path, link=LINK).regimes
+    summ = reg["summary"]
+    assert set(summ) == {rid("plain W=1, flash", 1), rid("plain W=1, flash", 1) + " | host 1/2 (emulated)"}
+    fast = [c for c in reg["cells"] if c["host"] == "host as is"]
+    slow = [c for c in reg["cells"] if c["host"] != "host as is"]
+    assert [c["run"] for c in fast] == ["rep2"] and fast[0]["step_ms"] == 60.0 and fast[0]["baseline_step_ms"] == 120
+    assert any(n.startswith("W=2 (predicted): median of 3 runs (50-90 ms)") for n in summ[fast[0]["regime"]]["notes"])
+    assert [c["run"] for c in slow] == ["slow-w2"] and slow[0]["baseline_step_ms"] == 125.0

@@ -274,6 +274,7 @@ def regimes(report) -> dict:
                 [None, None], "link": p["link"] if fake else None, "comm_source": p["source"] if fake else
                 "measured (real processes)", "kernel_note": kernel_note(b.d, run.d),
                 "host_ms": a["host_ms"], "device_busy_ms": run.metric("device_busy_ms"),
+                "host_op_us": run.d["env"].get("host_op_us"),  # the host's measured speed (flux_cp.results)
                 "mechanism": _mechanism(kind, base, a, W, run)})
     ids = _label_ids(regs)
     cells, summary = [], {}
@@ -287,7 +288,8 @@ def regimes(report) -> dict:
         first = by_w.get(2) or by_w[min(by_w)]
         head = {k: reg[k] for k in ("baseline", "batch", "depth", "compile", "harness", "lightning_sync",
                                     "sigterm_every", "host", "device")}
-        summary[rid] = {**head, "verdict": v, "reason": why, "mechanism": first["mechanism"],
+        summary[rid] = {**head, "host_op_us": first["host_op_us"], "verdict": v, "reason": why,
+                        "mechanism": first["mechanism"],
                         "speedups": {str(w): s for w, s in sorted(speedups.items())},
                         "bounds": {str(w): c["speedup_bounds"] for w, c in sorted(by_w.items())},
                         "basis": {str(w): c["basis"] for w, c in sorted(by_w.items())},
@@ -298,5 +300,5 @@ def regimes(report) -> dict:
                           "speedup": c["speedup"], "speedup_bounds": c["speedup_bounds"], "verdict": v, "reason": why,
                           "mechanism": c["mechanism"], "run": c["run"],
                           **{k: c[k] for k in ("basis", "path", "sdpa_kernel", "kernel_note", "link", "comm_source",
-                                               "host_ms", "device_busy_ms")}})
+                                               "host_ms", "device_busy_ms", "host_op_us")}})
     return {"cells": cells, "summary": summary, "unpaired": unpaired, "notes": notes}

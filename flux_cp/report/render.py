@@ -210,6 +210,12 @@ def _speedup_cell(s: dict, w: str) -> str:
     return f"{s['speedups'][w]:.2f}x{what}"
 
 
+def _host_cell(s: dict) -> str:
+    """The regime's host: emulated slowdown, and the W=2 run's measured host speed where recorded."""
+    us = s.get("host_op_us")
+    return s.get("host", "host as is") + (f", {us:.2g} us/op" if us is not None else "")
+
+
 def regimes_table(report: Report) -> tuple[str, list[str], list[list[str]]]:
     """(title, header, rows): one row per regime, its speedup at each W (bounds: nothing .. everything overlapped)."""
     summary = (report.regimes or {}).get("summary") or {}
@@ -221,7 +227,7 @@ def regimes_table(report: Report) -> tuple[str, list[str], list[list[str]]]:
         b = s["baseline"]
         mark = "" if not s["kernel_note"] else " (*)" if b["sdpa_kernel"] != "auto" else " (?)"
         rows.append([str(i), f"{b['kind']}{mark}, {_f(b['step_ms'])} ms", str(s["batch"]), s["depth"], s["compile"],
-                     s["lightning_sync"], s.get("host", "host as is"), *[_speedup_cell(s, str(w)) for w in ws],
+                     s["lightning_sync"], _host_cell(s), *[_speedup_cell(s, str(w)) for w in ws],
                      s["verdict"]])
     return REGIMES_TITLE, hdr, rows
 
