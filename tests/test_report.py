@@ -142,12 +142,14 @@ def test_numbers_equal_those_from_the_summaries(built):
         assert row["speedup_isolated"][op] == pytest.approx(ISO[1][op] / ISO[2][op], rel=1e-12)
         assert row["isolated_call_ms"][op] == ISO[2][op]
         assert row["call_ms"][op] == med(t2, f"{op}_call_ms")
-    # shares at W=1: no comm, idle not recorded, other = step - op regions
-    step1 = med(t1, "step_ms")
+    # shares at W=1: no comm, idle not recorded, other = step - op regions, both of the steps that carried the
+    # regions (step_timed_ms: --regions-every 4), so that they never mix two sets of steps
+    timed1, step1 = med(t1, "step_timed_ms"), med(t1, "step_ms")
     for op in OPS:
-        assert base["shares"][op] == pytest.approx(med(t1, f"{op}_ms") / step1, rel=1e-9)
-    other1 = step1 - sum(med(t1, f"{op}_ms") for op in OPS)
-    assert base["shares"]["other"] == pytest.approx(other1 / step1, rel=1e-9)
+        assert base["shares"][op] == pytest.approx(med(t1, f"{op}_ms") / timed1, rel=1e-9)
+    assert base["shares"]["other"] == pytest.approx(1 - sum(med(t1, f"{op}_ms") for op in OPS) / timed1, rel=1e-9)
+    k1 = step1 / timed1  # parts in ms of the plain step: the timed steps' split, scaled
+    other1 = step1 - k1 * sum(med(t1, f"{op}_ms") for op in OPS)
     assert base["parts_ms"]["comm_kv"] == base["parts_ms"]["comm_grad"] == base["parts_ms"]["idle"] == 0
     assert sum(row["shares"].values()) == pytest.approx(1.0)
     # comm: the run's collectives priced with the CPU profile and placed on its step by predict.py
@@ -164,7 +166,7 @@ def test_numbers_equal_those_from_the_summaries(built):
     am = row["amdahl"]
     assert am["predicted_speedup"] == pytest.approx(step1 / (med(t2, "step_ms") - comm), rel=1e-9)
     assert am["residual_ms"] == pytest.approx(comm, rel=1e-6) and am["residual_named"] == "comm" and comm > 0
-    iso_pred = sum(med(t1, f"{op}_ms") * ISO[2][op] / ISO[1][op] for op in OPS) + other1 / 2 + comm
+    iso_pred = sum(k1 * med(t1, f"{op}_ms") * ISO[2][op] / ISO[1][op] for op in OPS) + other1 / 2 + comm
     assert am["isolated_predicted_speedup"] == pytest.approx(step1 / iso_pred, rel=1e-9)
     assert row["verdict"].startswith(f"W=2: {row['speedup']['step']:.2f}x step speedup")
     md = (built["out"] / "report.md").read_text()

@@ -103,13 +103,17 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
     # A real multi-rank step contains its exposed comm (K/V inside the SDPA regions, gradient sync outside
     # the op regions); a simulated rank's has none, and the prediction adds it on top.
     inside = not run.fake_collectives
-    parts = {op: regions[op] or 0.0 for op in OPS}
+    # op regions run in some steps only (--regions-every): their share of those steps, scaled to the plain step
+    timed = run.metric("step_timed_ms")
+    k = step / timed if timed else 1.0
+    parts = {op: (regions[op] or 0.0) * k for op in OPS}
+    in_regions = sum(parts.values())  # K/V waits included: taken out of the SDPA parts below, into comm_kv
     if inside:  # the K/V exchange split over fwd and bwd as the SDPA regions are
         fb = (regions["sdpa_fwd"] or 0.0) + (regions["sdpa_bwd"] or 0.0)
         share = (regions["sdpa_fwd"] or 0.0) / fb if fb else 0.5
         parts["sdpa_fwd"] = max(0.0, parts["sdpa_fwd"] - kv * share)
         parts["sdpa_bwd"] = max(0.0, parts["sdpa_bwd"] - kv * (1 - share))
-    rest = step - sum(r or 0.0 for r in regions.values()) - (grad if inside else 0.0) - (idle or 0.0)
+    rest = step - in_regions - (grad if inside else 0.0) - (idle or 0.0)
     if rest < 0:
         notes.append(f"parts exceed the step by {-rest:.3g} ms (idle inside op regions, or comm overestimated)")
     parts["other"] = max(0.0, rest)
