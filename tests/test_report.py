@@ -303,8 +303,13 @@ def test_profile_comm_and_idle_replace_estimates(train_runs, tmp_path):
     assert row["idle_source"] == "events" and row["idle_ms"] == pytest.approx(0.1 * step2)
     assert row["comm_source"].startswith(("byte counts priced with flat-100GBps", "ledger priced with flat-100GBps"))
     assert "no communication kernels" in row["notes"][0]
-    (c,) = build(tmp_path).to_dict()["configurations"]  # CPU runs without a CPU profile: comm not priced
+    rep = build(tmp_path).to_dict()  # CPU runs without a CPU profile: comm not priced
+    (c,) = rep["configurations"]
     assert c["rows"][1]["comm_source"].startswith("not priced") and c["rows"][1]["prediction"]["exposed_ms"] == 0
+    # the real W=2 run's K/V waits are inside its SDPA regions: the reconcile section says so (issue 25)
+    (r2,) = rep["reconcile"]["rows"]
+    assert r2["kv_unsplit"] and any("K/V exchange is neither profiled nor priced" in s and "attention chunking" in s
+                                    for s in rep["reconcile"]["answer"])
 
 
 def test_kernel_classes_per_w_from_the_latest_profiled_runs(train_runs, tmp_path):
