@@ -185,11 +185,14 @@ def regimes_figure(reg: dict | None, out: Path) -> list[Path]:
     ax.set_ylim(0, 1.15 * top)  # the ideal line is clipped: the regimes' own range, not W's, sets the scale
     ax.plot([1, max(ws)], [1, max(ws)], color="k", ls="--", lw=1, label="ideal")
     colors = plt.get_cmap("tab10").colors
+    some = any(s["verdict"] == "reproduces" for s in summary.values())
     for i, (rid, s) in enumerate(summary.items()):
         pts = sorted((int(w), v) for w, v in s["speedups"].items() if v)
         m, ls = STYLES[i % len(STYLES)]
         color = colors[i % len(colors)]
-        ax.plot([1, *[w for w, _ in pts]], [1.0, *[v for _, v in pts]], marker=m, ls=ls, lw=1.5, ms=6, alpha=0.85,
+        hit = s["verdict"] == "reproduces"  # drawn over the others, which fade where some regime reproduces
+        ax.plot([1, *[w for w, _ in pts]], [1.0, *[v for _, v in pts]], marker=m, ls=ls, lw=2.8 if hit else 1.5,
+                ms=7 if hit else 5, alpha=0.95 if hit or not some else 0.35, zorder=4 if hit else 2,
                 color=color, label=f"{i + 1}. {rid} ({s['verdict']})")
         b = [(w, v, *s["bounds"][str(w)]) for w, v in pts if s["bounds"][str(w)][0] is not None]
         if b:
