@@ -225,7 +225,9 @@ def print_summary(d: dict, path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{d['run_name']}  ({d['env']['device']}, {d['metrics'].get('step_ms', {}).get('n', 0)} steps)")
+    kinds = d.get("step_kinds") or {"plain": d["metrics"].get("step_ms", {}).get("n", 0)}
+    what = ", ".join(f"{n} {k}" for k, n in kinds.items())  # plain steps give step_ms; see docs/reference.md
+    table = Table(title=f"{d['run_name']}  ({d['env']['device']}, {sum(kinds.values())} measured steps: {what})")
     for col in ("metric", "median", "min", "max", "rank max (median)"):
         table.add_column(col, justify="right" if col != "metric" else "left")
     first = ["step_ms", "host_ms", "device_busy_ms", "loop_ms", "data_ms", "transfer_ms",
@@ -249,7 +251,7 @@ def print_summary(d: dict, path: Path) -> None:
             notes.append(f"device idle {loop:.1f}% of the loop's period (gaps between steps too)")
     if st := d.get("steadiness"):
         lo, hi = st["ci95"]
-        line = f"step median {st['median']:.3f} ms (95% CI {lo:.3f}-{hi:.3f}, {st['n']} steps)"
+        line = f"step median {st['median']:.3f} ms (95% CI {lo:.3f}-{hi:.3f}, {st['n']} plain steps)"
         if st["modes"]:
             line += ", bimodal: " + ", ".join(f"{m['median']:.3f} ms x {m['n']}" for m in st["modes"])
         notes.append(line + ("" if st["steady"] else f"; not steady ({', '.join(st['problems'])})"))
@@ -257,7 +259,7 @@ def print_summary(d: dict, path: Path) -> None:
         notes.append(f"wall time {w['total']:.1f} s: start-up {w['startup']:.1f}, warm-up {w['warmup']:.1f}, "
                      f"measured {w['measured']:.1f}, teardown {w['teardown']:.1f}")
     if "timing_overhead_pct" in d:
-        notes.append(f"instrumentation overhead {d['timing_overhead_pct']:+.2f}% (alternating steps)")
+        notes.append(f"op regions' overhead {d['timing_overhead_pct']:+.2f}% (steps with them against plain steps)")
     if d.get("compile", {}).get("compile_s") is not None:
         notes.append(f"compile {d['compile']['compile_s']:.1f} s (warm-up, not in step times)")
     if "profile" in d:
