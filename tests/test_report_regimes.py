@@ -280,3 +280,24 @@ def test_repeats_give_their_median_run_and_a_slowed_host_its_own_regime(tmp_path
     assert [c["run"] for c in fast] == ["rep2"] and fast[0]["step_ms"] == 60.0 and fast[0]["baseline_step_ms"] == 120
     assert any(n.startswith("W=2 (predicted): median of 3 runs (50-90 ms)") for n in summ[fast[0]["regime"]]["notes"])
     assert [c["run"] for c in slow] == ["slow-w2"] and slow[0]["baseline_step_ms"] == 125.0
+
+
+def test_a_reproducing_regime_names_the_fastest_configuration_at_each_w(tmp_path):
+    """Issue 24's "what the user should do": in a regime that reproduces 1.66x, the fastest configuration run on the
+    same device, model, data, host and harness (any strategy), at each W, with its speedup over the regime's
+    baseline; a configuration of another batch never stands in."""
+    ring = put(tmp_path, "ring-w2", summary(SIM[2], "ring-w2", 80.0, sdpa_kernel="flash"))
+    base_ms = 1.66 * predicted(ring, 2).predicted_ms
+    put(tmp_path, "w1", summary(NONE_W1, "w1", base_ms, sdpa_kernel="flash"))
+    uly = summary(SIM[2], "uly-w2", 50.0, sdpa_kernel="cudnn")
+    uly["cp"] = uly["config"]["run"]["cp"] = "ulysses"
+    put(tmp_path, "uly-w2", uly)
+    other = summary(SIM[2], "uly-b4-w2", 20.0, batch=4, sdpa_kernel="cudnn")  # faster, but another batch
+    other["cp"] = other["config"]["run"]["cp"] = "ulysses"
+    put(tmp_path, "uly-b4-w2", other)
+    report = build(tmp_path, link=LINK)
+    (s,) = [s for s in report.regimes["summary"].values() if s["verdict"] == "reproduces"]
+    b = s["best"]["2"]
+    assert b["run"] == "uly-w2" and b["strategy"].startswith("ulysses") and b["basis"] == "predicted"
+    assert b["speedup"] == pytest.approx(base_ms / predicted(uly, 2).predicted_ms, rel=1e-9)
+    assert any("what to run: W=2 ulysses" in line for line in regime_lines(report))

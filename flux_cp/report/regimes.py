@@ -19,7 +19,7 @@ from flux_cp.links import for_world
 
 from .analysis import analyse_row
 from .reconcile import USER_SPEEDUP, WATERFALL, _waterfall
-from .runs import BOOKKEEPING, Run, _first_line, harness
+from .runs import BOOKKEEPING, Run, _first_line, harness, strategy_label
 
 TOLERANCE = 0.10  # W=2 within 10% of the user's 1.66x
 BEYOND = 1.25  # "little gain beyond 2": a larger W's speedup under 1.25x the W=2 one
@@ -107,6 +107,16 @@ def match_key(d: dict) -> str:
     rest = {k: v for k, v in run.items() if k not in IGNORED}
     data = {k: v for k, v in cfg["data"].items() if k != "seed"}
     return json.dumps([d["mode"], d["env"]["device"], cfg["model"], data, rest, compile_label(run), sync_label(d),
+                       run.get("loader", "device"), run.get("timing", True)], sort_keys=True)
+
+
+def alt_key(d: dict) -> str:
+    """What another configuration shares with a regime's runs to stand in for the user's: match_key with the strategy
+    and compile free (a recipe may change both); the host, harness, batch, depth and precision stay."""
+    cfg, run = d["config"], d["config"]["run"]
+    rest = {k: v for k, v in run.items() if k not in IGNORED}
+    data = {k: v for k, v in cfg["data"].items() if k != "seed"}
+    return json.dumps([d["mode"], d["env"]["device"], cfg["model"], data, rest, sync_label(d),
                        run.get("loader", "device"), run.get("timing", True)], sort_keys=True)
 
 
@@ -260,7 +270,8 @@ def regimes(report) -> dict:
                 "batch": run.d["config"]["data"]["batch_size"], "depth": depth(run.d),
                 "compile": compile_label(run.d["config"]["run"]), "harness": harness(run.d),
                 "lightning_sync": sync_label(run.d), "sigterm_every": sigterm_every(run.d),
-                "host": host_label(run.d), "device": run.d["env"]["device"], "cells": [], "notes": []})
+                "host": host_label(run.d), "device": run.d["env"]["device"], "alt": alt_key(run.d), "cells": [],
+                "notes": []})
             if bspread and (n := f"W=1: {bspread}") not in reg["notes"]:
                 reg["notes"].append(n)
             if spread:
@@ -301,4 +312,31 @@ def regimes(report) -> dict:
                           "mechanism": c["mechanism"], "run": c["run"],
                           **{k: c[k] for k in ("basis", "path", "sdpa_kernel", "kernel_note", "link", "comm_source",
                                                "host_ms", "device_busy_ms", "host_op_us")}})
+    for key, reg in regs.items():
+        if summary[ids[key]]["verdict"] == "reproduces":
+            summary[ids[key]]["best"] = _best(report.runs, reg, row, notes)
     return {"cells": cells, "summary": summary, "unpaired": unpaired, "notes": notes}
+
+
+def _best(runs: list[Run], reg: dict, row, notes: list[str]) -> dict:
+    """What the user should run in a regime that reproduces their observation (issue 24): at each W, the configuration
+    with the fastest step among the runs of the regime's device, model, data, host and harness (any strategy, weights
+    or compile; repeats of one configuration: their median run), and its speedup over the regime's W=1 baseline."""
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        if r.d["mode"] == "train" and r.W >= 2 and alt_key(r.d) == reg["alt"]:
+            groups.setdefault((r.W, strategy_label(r.d), compile_label(r.d["config"]["run"])), []).append(r)
+    best: dict[str, dict] = {}
+    for (W, strategy, compiled), group in sorted(groups.items()):
+        r, _ = _median_run(group)
+        try:
+            a = row(r, W)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            notes.append(f"{r.name}: not ranked ({type(e).__name__}: {_first_line(e)})")
+            continue
+        ms = a["projected_step_ms"]
+        if str(W) not in best or ms < best[str(W)]["predicted_step_ms"]:
+            best[str(W)] = {"strategy": strategy, "compile": compiled, "run": r.name, "path": str(r.path),
+                            "predicted_step_ms": ms, "speedup": reg["baseline"]["step_ms"] / ms,
+                            "basis": "predicted" if a["collectives"] == "fake" else "measured"}
+    return best

@@ -262,6 +262,8 @@ def regimes_md(report: Report, figs: list[Path]) -> list[str]:
         for i, (rid, s) in enumerate(reg["summary"].items(), 1):
             extra = "".join(f" ({n})" for n in s["notes"])
             out.append(f"- **{i}. {s['verdict']}** ({rid}): {s['reason']}. Mechanism: {s['mechanism']}.{extra}")
+            if s.get("best") is not None:
+                out.append(f"  - **What to run in regime {i}**: {best_line(s)}")
         out += [""] + [f"![{p.stem}]({p.name})" for p in figs] + [""]
     if reg.get("unpaired"):
         out += ["W >= 2 runs of the user's configuration with no W=1 baseline of their settings: " + ", ".join(
@@ -271,10 +273,25 @@ def regimes_md(report: Report, figs: list[Path]) -> list[str]:
     return out
 
 
+def best_line(s: dict) -> str:
+    """A reproducing regime's fastest configuration at each W, against the user's ring at that W."""
+    if not s["best"]:
+        return "no other configuration was run in this regime (its device, model, data, host and harness)"
+    if all(b["strategy"].startswith("torch(allgather)") and b["compile"] == "eager" for b in s["best"].values()):
+        return ("nothing faster among the runs: only the user's ring, eager, was run in this regime (its device, "
+                "model, data, host and harness); configs/suites/flux_recipe_slowhost.yaml runs the alternatives")
+    return "; ".join(f"W={w} {b['strategy']}, {b['compile']}: {b['speedup']:.2f}x ({b['basis']}; the user's ring "
+                     f"{s['speedups'][w]:.2f}x)" if w in s["speedups"] else
+                     f"W={w} {b['strategy']}, {b['compile']}: {b['speedup']:.2f}x ({b['basis']})"
+                     for w, b in sorted(s["best"].items(), key=lambda x: int(x[0])))
+
+
 def regime_lines(report: Report) -> list[str]:
-    """What the CLI prints: one line per regime with its verdict."""
+    """What the CLI prints: one line per regime with its verdict (and, where it reproduces, what to run)."""
     summary = (report.regimes or {}).get("summary") or {}
-    return [f"regime {i}. {rid}: {s['verdict']} ({s['reason']})" for i, (rid, s) in enumerate(summary.items(), 1)]
+    return [f"regime {i}. {rid}: {s['verdict']} ({s['reason']})" + (f"; what to run: {best_line(s)}"
+                                                                     if s.get("best") is not None else "")
+            for i, (rid, s) in enumerate(summary.items(), 1)]
 
 
 def render_md(report: Report, figs: dict[str, list[Path]]) -> str:
