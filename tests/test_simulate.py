@@ -108,3 +108,29 @@ def test_simulated_rank_r(tmp_path):
     d = _summary(tmp_path)
     assert d["simulate"] == {"world": 4, "rank": 3} and d["run_name"].startswith("train-W4simr3-")
     assert "simulated: rank 3 of a 4-rank job" in r.stdout
+
+
+@pytest.mark.parametrize("cp", ["ulysses", "allgather-kv"])
+def test_compiled_blocks_issue_the_eager_twins_collectives(tmp_path, cp):
+    """Issue 26: a compiled recipe's communication is priced from the same ledger as its eager twin's. Each block
+    under torch.compile (AOT autograd's graphs; aot_eager: inductor's CPU codegen would add minutes, the traced
+    collectives are the same), rank 0 of a simulated 2-rank job with ZeRO: every step's collectives as eager's, kind
+    for kind and byte for byte, but for how DDP splits the same gradient bytes into buckets (it rebuilds them in the
+    order gradients become ready, which compiled blocks change)."""
+    common = ("--config", TINY, "--simulate-world", 2, "--cp", cp, "--weights", "zero", "--warmup-steps", 2,
+              "--steps", 2, "--harness", "bare", "--compile-backend", "aot_eager", "--wandb-mode", "disabled")
+    with ThreadPoolExecutor(2) as pool:
+        jobs = {c: pool.submit(bench, *common, "--compile", c, "--output", tmp_path / c) for c in ("false", "true")}
+        for c, job in jobs.items():
+            r = job.result()
+            assert r.returncode == 0, (c, r.stderr[-3000:])
+    eager, compiled = (_summary(tmp_path / c) for c in ("false", "true"))
+    assert compiled["compile"]["enabled"] and not eager["compile"]["enabled"]
+
+    def key(d):  # per step: the sorted collectives but DDP's, and DDP's all-reduce bytes in total
+        return [(sorted((e["kind"], e["bytes"], e["group_size"]) for e in s["collectives"] if e["kind"] != "all_reduce"),
+                 sum(e["bytes"] for e in s["collectives"] if e["kind"] == "all_reduce")) for s in d["comm"]["ledger"]]
+
+    assert key(compiled) == key(eager) and len(key(eager)) == 2
+    kv = "all_to_all" if cp == "ulysses" else "all_gather"
+    assert {kv, "broadcast"} <= {k for k, *_ in key(eager)[0][0]} and key(eager)[0][1] > 0
