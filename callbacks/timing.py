@@ -49,7 +49,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from flux_cp.failures import error_kind, error_line
-from flux_cp.results import RunSummary, gather_row, run_start_time
+from flux_cp.results import RunSummary, gather_row, host_op_us, run_start_time
 from flux_cp.simulate import is_fake
 from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
 
@@ -226,7 +226,8 @@ class OpTimingCallback(Callback):
         if kind == "settle":
             return {"step_after_probe_ms": local["step_ms"]}
         if kind == "timed" and self.regions_every > 1:  # plain steps give step_ms
-            return {(f"{k[:-3]}_timed_ms" if k in ("step_ms", "host_ms", "loop_ms") else k): v for k, v in local.items()}
+            timed = ("step_ms", "host_ms", "loop_ms")
+            return {(f"{k[:-3]}_timed_ms" if k in timed else k): v for k, v in local.items()}
         return local
 
     def _finish_reads(self, trainer, pl_module, collective: bool) -> None:
@@ -242,6 +243,7 @@ class OpTimingCallback(Callback):
     def on_train_end(self, trainer, pl_module):
         self._remove_gc_hook()
         self.wall["end"] = time.time()
+        self.summary.header["host_op_us_end"] = host_op_us()  # env.host_op_us again: did the host change meanwhile
         self._finish_reads(trainer, pl_module, collective=True)
         if trainer.global_rank != self.report_rank:
             return

@@ -27,7 +27,7 @@ from flux_cp.failures import EXIT_CODES, error_kind, error_line, kill_tree
 from flux_cp.ledger import CommLedger
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.model import num_params
-from flux_cp.results import RunSummary, gather_row, run_start_time, train_header, wall_split
+from flux_cp.results import RunSummary, gather_row, host_op_us, run_start_time, train_header, wall_split
 from flux_cp.simulate import allreduce_hook, init_fake_world
 from flux_cp.step import FluxStep, build_model, default_dtype, init_device
 from flux_cp.timing import StepTimer
@@ -149,6 +149,7 @@ def _run(cfg: BenchConfig, report) -> int:
         dist.destroy_process_group()
     if rank != (run.simulate_rank if run.simulate_world else 0):
         return 0
+    summary.header["host_op_us_end"] = host_op_us()  # env.host_op_us again: did the host change meanwhile
     summary.header["wall_s"] = wall_split(t_run, wall["start"], wall.get("warm", wall["start"]), wall["end"],
                                           time.time())
     path = summary.write(complete=True)

@@ -244,3 +244,20 @@ def test_a_lightning_step_much_faster_than_its_twin_is_not_within_the_target():
     assert not row["within_target"] and _against_target(row, 3.0) == "faster by over 3%"
     assert _against_target({"overhead_pct": 2.0, "within_target": True, "noisy": True}, 3.0) == \
         "within 3% (noisy: not significant)"
+
+
+def test_a_pair_whose_host_changed_speed_says_so():
+    """The lent H200 hosts ran the same step 2x apart between calls, and one slowed 2x within a call: a pair whose
+    host speed (env.host_op_us at the start, host_op_us_end at the end of each run) moved over 15% is marked."""
+    from flux_cp.report.analysis import _host_changed, _host_speeds
+    from flux_cp.report.render import _against_target
+
+    lit = {"env": {"host_op_us": 2.0}, "host_op_us_end": 2.1}
+    bare = {"env": {"host_op_us": 4.1}, "host_op_us_end": 4.0}
+    old = {"env": {}}  # a summary from before host_op_us
+    assert _host_speeds(lit) == [2.0, 2.1] and _host_speeds(old) == []
+    assert _host_changed(_host_speeds(lit) + _host_speeds(bare)) and not _host_changed(_host_speeds(lit))
+    assert not _host_changed(_host_speeds(old) + _host_speeds(lit))
+    row = {"overhead_pct": 1.0, "within_target": True, "noisy": False, "host_changed": True,
+           "host_op_us": {"lightning": [2.0, 2.1], "bare": [4.1, 4.0]}}
+    assert _against_target(row, 3.0) == "within 3% (the host's speed moved 2-4.1 us/op over the pair: not comparable)"

@@ -128,7 +128,8 @@ def test_compiled_blocks_issue_the_eager_twins_collectives(tmp_path, cp):
     assert compiled["compile"]["enabled"] and not eager["compile"]["enabled"]
 
     def key(d):  # per step: the sorted collectives but DDP's, and DDP's all-reduce bytes in total
-        return [(sorted((e["kind"], e["bytes"], e["group_size"]) for e in s["collectives"] if e["kind"] != "all_reduce"),
+        return [(sorted((e["kind"], e["bytes"], e["group_size"]) for e in s["collectives"]
+                        if e["kind"] != "all_reduce"),
                  sum(e["bytes"] for e in s["collectives"] if e["kind"] == "all_reduce")) for s in d["comm"]["ledger"]]
 
     assert key(compiled) == key(eager) and len(key(eager)) == 2

@@ -181,6 +181,17 @@ def _pct_over(a, b):
     return None if (r := _ratio(a, b)) is None else 100 * (r - 1)
 
 
+HOST_CHANGE = 1.15  # host speeds further apart than this within a pair: the host, not the harness, moved the step
+
+
+def _host_speeds(d: dict) -> list[float]:
+    return [x for x in (d["env"].get("host_op_us"), d.get("host_op_us_end")) if x]
+
+
+def _host_changed(speeds: list[float]) -> bool:
+    return len(speeds) >= 2 and max(speeds) > HOST_CHANGE * min(speeds)
+
+
 def harness_overhead(configs: list[Config], runs: list[Run]) -> dict:
     """Each Lightning row's step against its bare twin's (the latest bare run with its twin_key), once per run
     (the W=1 baseline is every strategy's row); bare runs matched to no row are listed."""
@@ -210,6 +221,9 @@ def harness_overhead(configs: list[Config], runs: list[Run]) -> dict:
                 # the loop's period (data and hooks between steps too), where both record it
                 "lightning_loop_ms": lit.metric("loop_ms"), "bare_loop_ms": twin.metric("loop_ms"),
                 "loop_overhead_pct": _pct_over(lit.metric("loop_ms"), twin.metric("loop_ms")),
+                # the host's speed at each run's start and end (us per tiny op): a pair is only comparable on one
+                "host_op_us": {"lightning": _host_speeds(lit.d), "bare": _host_speeds(twin.d)},
+                "host_changed": _host_changed(_host_speeds(lit.d) + _host_speeds(twin.d)),
             }
             rows.append(by_run[lit.path])
     unmatched = sorted(({"run": r.name, "path": str(r.path), "W": r.W} for rs in bare.values() for r in rs

@@ -94,7 +94,11 @@ def _against_target(h: dict, target: float) -> str:
     if h["overhead_pct"] is None:
         return "-"
     side = "within" if h["within_target"] else "over" if h["overhead_pct"] > 0 else "faster by over"
-    return f"{side} {target:g}%" + (" (noisy: not significant)" if h["noisy"] else "")
+    host = ""
+    if h.get("host_changed"):
+        speeds = [x for xs in h["host_op_us"].values() for x in xs]
+        host = f" (the host's speed moved {min(speeds):.2g}-{max(speeds):.2g} us/op over the pair: not comparable)"
+    return f"{side} {target:g}%" + (" (noisy: not significant)" if h["noisy"] else "") + host
 
 
 def harness_table(report: Report) -> tuple[str, list[str], list[list[str]]]:
