@@ -106,7 +106,7 @@ class OpTimingCallback(Callback):
             return "probe"
         if cuda and every and j >= every and j % every == 0:
             return "settle"
-        if timing and (self.regions_every == 1 or j % self.regions_every == 1):  # 1: never a settle step's slot
+        if timing and (j - 1) % self.regions_every == 0:  # steps 1, 1 + N, ...: never a settle step's slot
             return "timed"
         return "plain"
 

@@ -113,8 +113,7 @@ def resolve(
 
 
 # Settings of the Lightning harness that the bare loop (one event pair per step, nothing else) has no use for
-LIGHTNING_ONLY = { "profile": False, "sync_debug": False, "gc_every": 0, "dump_ops": False,
-                  "loader": "device"}
+LIGHTNING_ONLY = {"profile": False, "sync_debug": False, "gc_every": 0, "dump_ops": False, "loader": "device"}
 
 
 def _check_bare(run: RunConfig) -> None:

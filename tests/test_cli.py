@@ -61,6 +61,9 @@ def test_a_run_prints_no_noise_and_ends_with_its_answer(two_ranks):
     assert lines[-2].startswith("W=2: step "), lines[-2:]
     if "no W=1 baseline" in lines[-2]:
         assert lines[-1].startswith("next: python scripts/train_bench.py --devices 1 --cp none"), lines[-1]
+    elif "which CP cannot" in lines[-2]:  # the baseline found beats W=2 by over 2x (a cold 1-step run): refused
+        assert re.search(r"; \d+\.\dx against \S+ \(W=1\) would beat W=2 GPUs", lines[-2]), lines[-2:]
+        assert lines[-1].endswith("--devices 1 --cp none   (the baseline, again)"), lines[-1]
     else:
         assert re.search(r", \d+\.\d\dx vs \S+ \(W=1\)", lines[-2]), lines[-2:]
         assert lines[-1].startswith("next: python scripts/report.py "), lines[-1]

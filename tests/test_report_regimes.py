@@ -298,6 +298,6 @@ def test_a_reproducing_regime_names_the_fastest_configuration_at_each_w(tmp_path
     report = build(tmp_path, link=LINK)
     (s,) = [s for s in report.regimes["summary"].values() if s["verdict"] == "reproduces"]
     b = s["best"]["2"]
-    assert b["run"] == "uly-w2" and b["strategy"].startswith("ulysses") and b["basis"] == "predicted"
+    assert b["run"] == "uly-w2" and b["strategy"].startswith("ulysses") and b["basis"] == "predicted" and not b["users"]
     assert b["speedup"] == pytest.approx(base_ms / predicted(uly, 2).predicted_ms, rel=1e-9)
     assert any("what to run: W=2 ulysses" in line for line in regime_lines(report))

@@ -222,8 +222,8 @@ def harness_overhead(configs: list[Config], runs: list[Run]) -> dict:
                 "lightning_loop_ms": lit.metric("loop_ms"), "bare_loop_ms": twin.metric("loop_ms"),
                 "loop_overhead_pct": _pct_over(lit.metric("loop_ms"), twin.metric("loop_ms")),
                 # the host's speed at each run's start and end (us per tiny op): a pair is only comparable on one
-                "host_op_us": {"lightning": _host_speeds(lit.d), "bare": _host_speeds(twin.d)},
-                "host_changed": _host_changed(_host_speeds(lit.d) + _host_speeds(twin.d)),
+                "host_op_us": (hosts := {"lightning": _host_speeds(lit.d), "bare": _host_speeds(twin.d)}),
+                "host_changed": _host_changed(hosts["lightning"] + hosts["bare"]),
             }
             rows.append(by_run[lit.path])
     unmatched = sorted(({"run": r.name, "path": str(r.path), "W": r.W} for rs in bare.values() for r in rs

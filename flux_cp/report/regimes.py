@@ -100,24 +100,21 @@ def sync_label(d: dict) -> str:
     return "bare" if n is None else "lightning (SIGTERM sync every step)" if n == 1 else f"lightning (sync every {n})"
 
 
-def match_key(d: dict) -> str:
-    """What a W >= 2 run and its W=1 baseline share: device, model, data (not the seed), every run setting but the
-    strategy's, the world's and bookkeeping, compile, harness and sync cadence, loader and timing."""
-    cfg, run = d["config"], d["config"]["run"]
-    rest = {k: v for k, v in run.items() if k not in IGNORED}
-    data = {k: v for k, v in cfg["data"].items() if k != "seed"}
-    return json.dumps([d["mode"], d["env"]["device"], cfg["model"], data, rest, compile_label(run), sync_label(d),
-                       run.get("loader", "device"), run.get("timing", True)], sort_keys=True)
-
-
-def alt_key(d: dict) -> str:
-    """What another configuration shares with a regime's runs to stand in for the user's: match_key with the strategy
-    and compile free (a recipe may change both); the host, harness, batch, depth and precision stay."""
+def alt_key(d: dict, with_compile: bool = False) -> str:
+    """What another configuration shares with a regime's runs to stand in for the user's: device, model, data (not
+    the seed), every run setting but the strategy's, the world's, compile and bookkeeping, harness and sync cadence,
+    loader and timing (a recipe may change the strategy and compile; the host, batch, depth and precision stay)."""
     cfg, run = d["config"], d["config"]["run"]
     rest = {k: v for k, v in run.items() if k not in IGNORED}
     data = {k: v for k, v in cfg["data"].items() if k != "seed"}
     return json.dumps([d["mode"], d["env"]["device"], cfg["model"], data, rest, sync_label(d),
-                       run.get("loader", "device"), run.get("timing", True)], sort_keys=True)
+                       run.get("loader", "device"), run.get("timing", True),
+                       *([compile_label(run)] if with_compile else [])], sort_keys=True)
+
+
+def match_key(d: dict) -> str:
+    """What a W >= 2 run and its W=1 baseline share: alt_key's settings and the compile setting too."""
+    return alt_key(d, with_compile=True)
 
 
 def is_user(r: Run) -> bool:
@@ -338,5 +335,6 @@ def _best(runs: list[Run], reg: dict, row, notes: list[str]) -> dict:
         if str(W) not in best or ms < best[str(W)]["predicted_step_ms"]:
             best[str(W)] = {"strategy": strategy, "compile": compiled, "run": r.name, "path": str(r.path),
                             "predicted_step_ms": ms, "speedup": reg["baseline"]["step_ms"] / ms,
-                            "basis": "predicted" if a["collectives"] == "fake" else "measured"}
+                            "basis": "predicted" if a["collectives"] == "fake" else "measured",
+                            "users": is_user(r) and compiled == reg["compile"]}  # the user's own configuration
     return best
