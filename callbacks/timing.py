@@ -48,7 +48,7 @@ from pathlib import Path
 import torch.distributed as dist
 from lightning.pytorch import Callback
 
-from flux_cp.failures import error_kind, error_line
+from flux_cp.failures import error_kind, error_line, error_trace
 from flux_cp.results import RunSummary, gather_row, host_op_us, run_start_time
 from flux_cp.simulate import is_fake
 from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
@@ -273,4 +273,5 @@ class OpTimingCallback(Callback):
         data = self.summary.header["config"]["data"]
         seq_len = data["image_height"] * data["image_width"] + data["text_tokens"]
         shape = {"seq_len": seq_len, "batch": data["batch_size"], "world": self.summary.header["world_size"]}
-        self.summary.record_error(rank, error_line(exception), error_kind(exception), shape, at)
+        self.summary.record_error(rank, error_line(exception), error_kind(exception), shape, at,
+                                 trace=error_trace(exception))

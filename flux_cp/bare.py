@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from flux_cp.config import BenchConfig
 from flux_cp.data import DTYPES, device_batches
-from flux_cp.failures import EXIT_CODES, error_kind, error_line, kill_tree
+from flux_cp.failures import EXIT_CODES, error_kind, error_line, error_trace, kill_tree
 from flux_cp.ledger import CommLedger
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.model import num_params
@@ -142,7 +142,7 @@ def _run(cfg: BenchConfig, report) -> int:
         except Exception:  # a step that cannot be read (e.g. after a CUDA error): the earlier ones are in
             pass
         summary.record_error(rank, error_line(e), error_kind(e), {"seq_len": data.seq_len, "batch": data.batch_size,
-                                                                  "world": run.world_size})
+                                                                  "world": run.world_size}, trace=error_trace(e))
         raise
     _add_steps(summary, timer, records, gloo)
     if dist.is_initialized():

@@ -43,9 +43,19 @@ def error_kind(exc: BaseException) -> str:
     return "failed"
 
 
-def error_line(exc: BaseException) -> str:
+def error_line(exc: BaseException, limit: int = 500) -> str:
+    """One line; a long one keeps its start and its end (torch.compile appends the user frames after the message,
+    the innermost, where it failed, last)."""
     lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
-    return " ".join(lines)[:500]
+    line = " ".join(lines)
+    return line if len(line) <= limit else f"{line[: limit * 3 // 5]} ... {line[-(limit * 2 // 5 - 5):]}"
+
+
+def error_trace(exc: BaseException, limit: int = 20_000) -> str:
+    """The whole traceback (its last `limit` characters) for the rank's error file: the one line cannot hold it."""
+    import traceback
+
+    return "".join(traceback.format_exception(exc))[-limit:]
 
 
 def out_of_space(exc: BaseException | None) -> bool:

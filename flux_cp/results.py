@@ -259,6 +259,7 @@ class RunSummary:
         if error:
             d["error"] = error
         if errors := read_errors(self.path.parent):  # any rank's failure: the first one is the run's error
+            errors = [{k: v for k, v in e.items() if k != "traceback"} for e in errors]  # those stay in error-rank*
             d |= {"complete": False, "errors": errors, "error": errors[0]["error"]}
             d |= {k: errors[0][k] for k in ("error_kind", "error_rank", "shape")}
         if self.ledger:
@@ -271,10 +272,12 @@ class RunSummary:
                 d["comm"]["ledger"] = self.ledger
         return d
 
-    def record_error(self, rank: int, error: str, kind: str, shape: dict, at: float | None = None) -> Path:
-        """Rank's own error file (no other rank writes it), then summary.json with every error so far."""
+    def record_error(self, rank: int, error: str, kind: str, shape: dict, at: float | None = None,
+                     trace: str | None = None) -> Path:
+        """Rank's own error file (no other rank writes it; with the whole traceback), then summary.json with every
+        error so far (one line each)."""
         entry = {"error_rank": rank, "error": error, "error_kind": kind, "shape": shape, "time": at or time.time()}
-        write_json_atomic(self.path.parent / f"{ERROR_FILE_PREFIX}{rank}.json", entry)
+        write_json_atomic(self.path.parent / f"{ERROR_FILE_PREFIX}{rank}.json", entry | {"traceback": trace})
         return self.write(complete=False)
 
     def write(self, complete: bool, error: str | None = None) -> Path:

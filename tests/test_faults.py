@@ -44,6 +44,9 @@ def test_a_rank_raising_fails_the_run_and_keeps_its_steps(tmp_path):
     assert d["error"] == "InjectedFault: injected fault on rank 1 at step 3"
     assert len(d["loss"]) == 3 and sum(d["step_kinds"].values()) == 2  # steps 0-2 (0 is warm-up) were measured
     assert [e["error_rank"] for e in d["errors"]][0] == 1  # rank 0's consequent error comes second, if any
+    assert not any("traceback" in e for e in d["errors"])  # summary.json: one line per error
+    trace = json.loads((tmp_path / "error-rank1.json").read_text())["traceback"]  # the rank's file: all of it
+    assert trace.startswith("Traceback") and "callbacks/faults.py" in trace and "InjectedFault" in trace
     assert leftover_processes(marker) == []
 
 
@@ -125,3 +128,14 @@ def test_a_full_disk_is_said_and_leaves_no_temp_files(tmp_path):
     assert "out of disk space, quota or file-size limit" in last and "Traceback" not in r.stderr
     assert not list((tmp_path / "run").glob(".*.tmp"))
     assert _summary(tmp_path / "run")["complete"] is False
+
+
+def test_a_long_error_line_keeps_its_end():
+    """torch.compile puts the user frames after the message, the innermost (where it failed) last: a long error's
+    one line keeps its start and its end (an H200 run's line had lost the frame that failed)."""
+    from flux_cp.failures import error_line
+
+    e = AssertionError("\n\nfrom user code:\n" + "  File x.py, line 1, in f\n" * 60 + "  File last.py, line 9, in g")
+    line = error_line(e)
+    assert len(line) <= 500 and line.startswith("AssertionError: from user code:") and line.endswith("line 9, in g")
+    assert " ... " in line and error_line(ValueError("short")) == "ValueError: short"

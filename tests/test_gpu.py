@@ -150,6 +150,25 @@ def test_compiled_ring_as_a_simulated_rank_keeps_its_ledger(tmp_path):
     assert "all_reduce" in kinds and kinds & {"all_gather", "all_to_all"}, kinds
 
 
+@pytest.mark.parametrize("harness", ["bare", "lightning"])
+def test_whole_model_cuda_graphs_as_a_simulated_ulysses_rank(tmp_path, harness):
+    """Issue 26's graph recipe: Ulysses + ZeRO, the whole model under torch.compile reduce-overhead, as rank 0 of a
+    2-rank fake-group job. On the H200 (flux_recipe_graphs, bare, in one process after other compiled runs) it failed
+    while dynamo traced the attention processor ("AssertionError" with no message); it passes on CPU in-process.
+    A failure here leaves its whole traceback in error-rank0.json."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    out = tmp_path / "run"
+    proc = bench("--config", TINY, "--accelerator", "gpu", "--wandb-mode", "disabled", "--output", out,
+                 "--harness", harness, "--cp", "ulysses", "--weights", "zero", "--simulate-world", 2,
+                 "--compile", "true", "--compile-mode", "reduce-overhead", "--compile-scope", "model",
+                 "--precision", "bf16-true", "--steps", 4, "--warmup-steps", 3, timeout=600)
+    errors = sorted(out.glob("error-rank*.json"))
+    assert proc.returncode == 0, (errors[0].read_text() if errors else "") + proc.stderr[-3000:]
+    d = json.loads((out / "summary.json").read_text())
+    assert d["complete"] and d["compile"]["mode"] == "reduce-overhead" and d["metrics"]["step_ms"]["n"] == 4
+
+
 def test_ops_only_simulated_worlds_on_cuda(tmp_path):
     """--ops-only --simulate-world on CUDA: the GEMM peak row is measured before any simulated world's strategy
     exists (it failed on the H200 with 'NoneType' has no attribute 'sdpa_backend'), then the ring per W."""

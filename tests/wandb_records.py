@@ -5,13 +5,15 @@ import json
 import struct
 from pathlib import Path
 
-from wandb.proto import wandb_internal_pb2 as pb
 
 _BLOCK = 32 * 1024  # LevelDB log blocks; a record header (crc32, length, type) never straddles one
 _FULL, _LAST = 1, 4
 
 
 def records(path: Path):
+    # imported here: the GPU machine has no wandb, and its tests (wandb disabled) collect this module too
+    from wandb.proto import wandb_internal_pb2 as pb
+
     data = Path(path).read_bytes()
     ident, _magic, _version = struct.unpack("<4sHB", data[:7])
     assert ident == b":W&B", f"{path} is not a wandb transaction log"

@@ -136,9 +136,10 @@ def harness_md(report: Report) -> list[str]:
             f"{g['strategy']} W={g['W']}: median {g['overhead_pct_median']:+.1f}% over {g['pairs']} pairs "
             f"(range {g['overhead_pct_range'][0]:+.1f}% to {g['overhead_pct_range'][1]:+.1f}%), "
             f"{'within' if g['within_target'] else 'over'} {h['target_pct']:g}%" for g in h["repeats"]) + ".", ""]
-    if h["unmatched_bare"]:
-        out += ["Bare runs with no Lightning twin among the rows: " + ", ".join(
-            f"{_rel(report, u['path'])} (W={u['W']})" for u in h["unmatched_bare"]) + ".", ""]
+    if bare := h["unmatched_bare"]:  # recipe and regime suites run the bare loop alone: name a few, count the rest
+        more = f", and {len(bare) - 5} more (report.json: harness.unmatched_bare)" if len(bare) > 6 else ""
+        out += [f"Bare runs with no Lightning twin among the rows ({len(bare)}): " + ", ".join(
+            f"{_rel(report, u['path'])} (W={u['W']})" for u in (bare[:5] if more else bare)) + more + ".", ""]
     return out
 
 

@@ -202,7 +202,8 @@ def strategy_label(d: dict) -> str:
     cp = d["cp"]
     if cp == "torch":
         cp += f"({d['config']['run'].get('rotate', 'allgather')})"
-    zero = " zero" if d.get("weights") == "zero" else ""  # AdamW state sharded over the W ranks
+    # ZeRO: AdamW state sharded over the W ranks; FSDP: parameters, gradients and state (FSDP2 per block)
+    zero = {"zero": " zero", "fsdp": " fsdp"}.get(d.get("weights"), "")
     split = " split-cond" if d["config"]["run"].get("split_conditioning") else ""  # AdaLN linears split over W
     bare = BARE if harness(d) == "bare" else ""  # before " simulated": match_isolated reads the label's end
     return cp + zero + split + bare + (" simulated" if d.get("simulate_world") else "")
