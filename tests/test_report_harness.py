@@ -140,7 +140,7 @@ def test_markdown_and_html_carry_the_table(built):
     w1, w2 = sorted(lines, key=lambda ln: ln.split(" | ")[2])
     assert f"{100 * (med('lit-w1') / med('bare-w1') - 1):+.1f}%" in w1 and "within 3% (noisy: not significant)" in w1
     assert f"{100 * (med('lit-w2') / med('bare-w2') - 1):+.1f}%" in w2 and "| over 3% |" in w2
-    assert "Bare runs with no Lightning twin among the rows: bare-w2-ulysses/summary.json (W=2)" in md
+    assert "Bare runs with no Lightning twin among the rows (1): bare-w2-ulysses/summary.json (W=2)" in md
     assert "<h2>Harness overhead against the bare loop</h2>" in built["html"]
     printed = [ln for ln in verdict_lines(built["report"]) if ln.startswith("harness ")]
     assert len(printed) == 2 and "over 3%" in printed[1]

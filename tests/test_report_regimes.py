@@ -14,7 +14,7 @@ from flux_cp import links
 from flux_cp.predict import predict_ledger
 from flux_cp.report import build, regime_lines
 from flux_cp.report import write as write_report
-from flux_cp.report.regimes import verdict
+from flux_cp.report.regimes import recipe_for, verdict
 from flux_cp.results import stats
 
 from .conftest import ROOT
@@ -300,4 +300,6 @@ def test_a_reproducing_regime_names_the_fastest_configuration_at_each_w(tmp_path
     b = s["best"]["2"]
     assert b["run"] == "uly-w2" and b["strategy"].startswith("ulysses") and b["basis"] == "predicted" and not b["users"]
     assert b["speedup"] == pytest.approx(base_ms / predicted(uly, 2).predicted_ms, rel=1e-9)
+    assert b["recipe"] == "configs/recipes/ulysses_ddp.yaml"  # its settings (ulysses, DDP, eager, bf16) are that file's
+    assert recipe_for(ring["config"]["run"]) is None  # no recipe is the user's ring
     assert any("what to run: W=2 ulysses" in line for line in regime_lines(report))

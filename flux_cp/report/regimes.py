@@ -15,6 +15,7 @@ runs' numbers (reconcile's waterfall, the W=2 rank's device busy against its hos
 
 import json
 
+from flux_cp.config import CONFIG_DIR
 from flux_cp.links import for_world
 
 from .analysis import analyse_row
@@ -336,5 +337,17 @@ def _best(runs: list[Run], reg: dict, row, notes: list[str]) -> dict:
             best[str(W)] = {"strategy": strategy, "compile": compiled, "run": r.name, "path": str(r.path),
                             "predicted_step_ms": ms, "speedup": reg["baseline"]["step_ms"] / ms,
                             "basis": "predicted" if a["collectives"] == "fake" else "measured",
-                            "users": is_user(r) and compiled == reg["compile"]}  # the user's own configuration
+                            "users": is_user(r) and compiled == reg["compile"],  # the user's own configuration
+                            "recipe": recipe_for(r.d["config"]["run"])}
     return best
+
+
+def recipe_for(run: dict) -> str | None:
+    """The recipe (configs/recipes/*.yaml: run settings only) that this run's settings all match, as its path."""
+    import yaml
+
+    for path in sorted((CONFIG_DIR / "recipes").glob("*.yaml")):
+        settings = yaml.safe_load(path.read_text()) or {}
+        if settings and all(run.get(k) == v for k, v in settings.items()):
+            return str(path.relative_to(CONFIG_DIR.parent))
+    return None

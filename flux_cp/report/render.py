@@ -285,10 +285,12 @@ def best_line(s: dict) -> str:
     if all(b["users"] for b in s["best"].values()):
         return ("nothing faster among the runs: the user's configuration is the fastest run in this regime (its "
                 "device, model, data, host and harness); configs/suites/flux_recipe_slowhost.yaml runs the others")
-    return "; ".join(f"W={w} {b['strategy']}, {b['compile']}: {b['speedup']:.2f}x ({b['basis']}; the user's ring "
-                     f"{s['speedups'][w]:.2f}x)" if w in s["speedups"] else
-                     f"W={w} {b['strategy']}, {b['compile']}: {b['speedup']:.2f}x ({b['basis']})"
-                     for w, b in sorted(s["best"].items(), key=lambda x: int(x[0])))
+    def one(w, b):
+        recipe = f" = {b['recipe']}" if b.get("recipe") else ""
+        ring = f"; the user's ring {s['speedups'][w]:.2f}x" if w in s["speedups"] else ""
+        return f"W={w} {b['strategy']}, {b['compile']}{recipe}: {b['speedup']:.2f}x ({b['basis']}{ring})"
+
+    return "; ".join(one(w, b) for w, b in sorted(s["best"].items(), key=lambda x: int(x[0])))
 
 
 def regime_lines(report: Report) -> list[str]:
