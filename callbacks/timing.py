@@ -1,14 +1,16 @@
 """OpTimingCallback: step and op timings of every training step, to summary.json and the logger.
 
 Per step it opens the module's StepTimer before the step and closes it after (optimizer
-included). The host never waits for the device inside the loop: after each step, the steps that
-finished on the device (`Event.query()`) and are at least one step old are read, in order; the rest
-wait for a later step or the end of training (its loss was copied to the host asynchronously right
-after it). Where the host issues a step about as fast as the device runs it (CP at W >= 2), a wait
-here would be step time. One rank's figures are kept as they are read; with several ranks every
-rank's figures and loss are gathered on the CPU (gloo) once, after the loop, since a per-step gather
-would tie the ranks' hosts together at every step. Rank 0 (or a simulated rank) logs them (Lightning
-logger API) and keeps the summary; summary.json records where the reads happened (`reads`).
+included). Between steps it does nothing else: every step's events (and its loss, copied to the host
+asynchronously right after it) are read after the loop, as the bare loop (flux_cp/bare.py) reads
+its own. Where the host issues a step about as fast as the device runs it (CP at W >= 2), whatever the
+host does between steps is step time: on an H200 the former reads of finished steps inside the loop
+(events, the ledger's collectives, the logger, summary.json rewrites) took 1.5-12 ms a step
+(`after_ms`, docs/results/2026-12-03-h200-recipes.md), 2-10% of the step. Only a run of more than
+MAX_PENDING steps reads inside the loop (steps that finished, `Event.query()`, never a wait), to bound
+what it holds. With several ranks every rank's figures and loss are gathered on the CPU (gloo) after
+the loop. Rank 0 (or a simulated rank) logs them (Lightning logger API, so a logger sees the steps
+once training ends) and keeps the summary; summary.json records where the reads happened (`reads`).
 Warm-up steps are run and their loss kept, but their timings stay out of the statistics; so do
 profiled steps (--profile: extra steps right after warm-up, slowed by the profiler itself).
 
@@ -55,6 +57,7 @@ from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
 
 # The parts of a step's loop period (loop_ms) kept in its step record; see the module docstring.
 LOOP_PARTS = ("data_ms", "transfer_ms", "prologue_ms", "after_ms", "gc_ms")
+MAX_PENDING = 2048  # unread steps held (a few events and a host scalar each) before the loop reads finished ones
 
 
 class OpTimingCallback(Callback):
@@ -68,6 +71,7 @@ class OpTimingCallback(Callback):
         idle_probe_every: int = 8,
         flush_every_s: float = 1.0,
         report_rank: int = 0,
+        max_pending: int = MAX_PENDING,
     ):
         self.summary = RunSummary(summary_path, header, warmup_steps + profile_steps)
         self.warmup_steps = warmup_steps
@@ -76,6 +80,7 @@ class OpTimingCallback(Callback):
         self.idle_probe_every = idle_probe_every
         self.flush_every_s = flush_every_s  # summary.json rewrites while measuring: at most this often
         self.report_rank = report_rank  # the rank that writes summary.json and logs: 0, or the simulated rank
+        self.max_pending = max_pending  # unread steps held before the loop reads finished ones (long runs)
         self._flushed = 0.0
         self.last: dict[str, float] = {}  # this rank's figures of the last step (the profiler reads them)
         self._host_ms = 0.0  # last step's issue time: how far ahead a probe must hold the stream
@@ -124,6 +129,8 @@ class OpTimingCallback(Callback):
         self._t0 = time.perf_counter()
         self.wall = {"run": run_start_time(), "start": time.time()}
         self._regions = pl_module.timer.enabled
+        if trainer.global_rank == self.report_rank:  # on disk before any step: what ran, should the process be killed
+            self.summary.write(complete=False)
         self._in_loop = True
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -158,7 +165,8 @@ class OpTimingCallback(Callback):
             with sync_allowed(True):
                 step.get("ready", step["dev1"]).synchronize()
             self._reads["probe_drains"] += 1
-        self._drain(trainer, pl_module, batch_idx - 1)  # at least a step old (its loop_ms is known), and done
+        if len(self._pending) > self.max_pending:  # a long run: finished steps at least a step old (loop_ms is known)
+            self._drain(trainer, pl_module, batch_idx - 1)
         self._t_end = time.perf_counter()
         step["after_ms"] = (self._t_end - step["host1"]) * 1e3  # this hook after the step: reads, logging
 

@@ -370,6 +370,9 @@ class Runner:
             signal.signal(s, h)
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        # Dynamo's caches and counters from this run's compiled model (guards on its modules, recompile counts, the
+        # fake group it traced): on an H200 whole-model graph runs after other compiled runs failed in tracing.
+        torch.compiler.reset()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -75,14 +75,12 @@ def test_lightning_sigterm_sync_runs_every_n_steps(runs, name):
 
 
 @pytest.mark.parametrize("name", W2)
-def test_timing_reads_never_wait_inside_the_loop(runs, name):
-    """Every measured step but the last is read inside the loop, at least one step after its end and without
-    waiting on the device; the last one after the loop."""
+def test_timing_reads_nothing_inside_the_loop(runs, name):
+    """Every measured step is read after the loop, as the bare loop reads its own: the host does nothing between
+    steps for the timer's sake (no read, no wait, no logging)."""
     reads = _summary(runs[name, "lightning"])["reads"]
     measured = EXACT_STEPS - 1  # EXACT: 1 warm-up step
-    assert reads["waited_in_loop"] == 0
-    assert reads["in_loop"] + reads["after_loop"] == measured and reads["after_loop"] >= 1
-    assert reads["lag_steps_median"] >= 1
+    assert reads["in_loop"] == 0 and reads["waited_in_loop"] == 0 and reads["after_loop"] == measured
 
 
 def test_summary_has_wall_split_and_steadiness(runs):

@@ -162,3 +162,29 @@ def test_a_step_read_after_the_next_one_started_keeps_its_own_figures():
     a, b = t.read(first), t.read(second)
     assert {"sdpa_fwd_ms", "sdpa_bwd_ms", "sdpa_fwd_call_ms"} <= a.keys() and "sdpa_fwd_ms" not in b
     assert b["step_ms"] >= 50 > a["step_ms"] > a["sdpa_fwd_ms"] > 0
+
+
+def test_a_long_run_reads_finished_steps_in_the_loop(tmp_path):
+    """Past max_pending unread steps (a long run) the loop reads finished steps, a step old, never waiting; the
+    figures are those of a run read after the loop. In process: the real module, callback and Trainer on CPU."""
+    import lightning as L
+
+    from callbacks.timing import OpTimingCallback
+    from flux_cp.checks import resolve
+    from flux_cp.config import parse_config
+    from flux_cp.model import num_params
+    from flux_cp.module import FluxCPModule
+    from flux_cp.results import train_header
+
+    cfg = parse_config(["--config", str(TINY), "--steps", "6", "--warmup-steps", "1", "--wandb-mode", "disabled",
+                        "--output", str(tmp_path)])
+    cfg = resolve(cfg, cuda_available=False, gpu_count=0)
+    module = FluxCPModule(cfg)
+    timing = OpTimingCallback(tmp_path / "summary.json", train_header(cfg, num_params(module.model)), 1,
+                              max_pending=2)
+    L.Trainer(accelerator="cpu", devices=1, max_steps=7, logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False, callbacks=[timing]).fit(module)
+    d = json.loads((tmp_path / "summary.json").read_text())
+    assert d["complete"] and len(d["loss"]) == 7 and sum(d["step_kinds"].values()) == 6
+    assert d["reads"]["in_loop"] >= 3 and d["reads"]["waited_in_loop"] == 0 and d["reads"]["lag_steps_median"] >= 1
+    assert d["reads"]["in_loop"] + d["reads"]["after_loop"] == 6

@@ -5,7 +5,6 @@ import json
 import struct
 from pathlib import Path
 
-
 _BLOCK = 32 * 1024  # LevelDB log blocks; a record header (crc32, length, type) never straddles one
 _FULL, _LAST = 1, 4
 
