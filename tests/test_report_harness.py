@@ -231,8 +231,29 @@ def test_repeated_pairs_give_the_median_overhead(tmp_path):
     assert g["overhead_pct_median"] == pytest.approx(statistics.median(overheads.values()))
     assert g["overhead_pct_range"] == pytest.approx([min(overheads.values()), max(overheads.values())])
     assert g["within_target"] is False  # median +9.1%
+    # every step pooled per harness: medians 60 (Lightning) and 55 (bare); the interval from resampled steps
+    assert g["pooled_steps"] == [24, 24] and g["pooled_overhead_pct"] == pytest.approx(100 * (60 / 55 - 1))
+    lo, hi = g["pooled_ci95_pct"]
+    assert 100 * (57 / 56 - 1) - 1e-9 <= lo <= g["pooled_overhead_pct"] <= hi <= 100 * (62 / 50 - 1) + 1e-9
     md = write_report(report, tmp_path / "report")["md"].read_text()
     assert f"allgather-kv W=2: median {g['overhead_pct_median']:+.1f}% over 3 pairs" in md and "over 3%" in md
+    assert f"all steps pooled (24 Lightning, 24 bare): {g['pooled_overhead_pct']:+.1f}%" in md
+
+
+def test_pooled_steps_give_a_verdict_only_where_their_spread_resolves_it():
+    """Within, over, faster, or not resolved: from the bootstrap interval of the pooled medians' ratio."""
+    import random
+
+    from flux_cp.report.analysis import _pooled_verdict, pooled_overhead
+
+    rng = random.Random(1)
+    bare = [100 + rng.gauss(0, 0.5) for _ in range(120)]
+    cases = {"within": 101.0, "over": 110.0, "faster (a bias)": 90.0}
+    for verdict, centre in cases.items():
+        est, ci = pooled_overhead([centre + rng.gauss(0, 0.5) for _ in range(65)], bare)
+        assert ci[0] <= est <= ci[1] and _pooled_verdict(ci) == verdict, (verdict, est, ci)
+    est, ci = pooled_overhead([101 + rng.gauss(0, 15) for _ in range(65)], bare)  # an H200's host-bound spread
+    assert _pooled_verdict(ci) == "not resolved" and ci[1] - ci[0] > 6
 
 
 def test_a_lightning_step_much_faster_than_its_twin_is_not_within_the_target():
@@ -261,3 +282,19 @@ def test_a_pair_whose_host_changed_speed_says_so():
     row = {"overhead_pct": 1.0, "within_target": True, "noisy": False, "host_changed": True,
            "host_op_us": {"lightning": [2.0, 2.1], "bare": [4.1, 4.0]}}
     assert _against_target(row, 3.0) == "within 3% (the host's speed moved 2-4.1 us/op over the pair: not comparable)"
+
+
+def test_the_twin_is_the_bare_run_of_the_lightning_runs_suite(tmp_path):
+    """Two bare runs of the same settings: the one in the Lightning run's suite folder is its twin even when another
+    suite's is later (an H200 graph pair was held against a later suite's bare run: +84% instead of +21%)."""
+    for name, h in (("lit-w1", None), ("bare-w1", "bare")):
+        put(tmp_path, f"w1/{name}", summary(W1, name, h), age=100)
+    put(tmp_path, "suite_a/lit-w2", summary(W2, "lit-w2", "lightning"), age=50)
+    put(tmp_path, "suite_a/bare-w2", summary(W2, "bare-w2", "bare"), age=60)  # 55 ms, older
+    later = summary(W2, "bare-w2", "bare")
+    later["per_step"]["step_ms"] = [30.0] * 8
+    later["metrics"]["step_ms"] = stats([30.0] * 8)
+    put(tmp_path, "suite_b/bare-w2", later, age=10)
+    rows = [r for r in build(tmp_path, user="allgather-kv").harness["rows"] if r["W"] == 2]
+    assert len(rows) == 1 and "suite_a" in rows[0]["bare_run"] and rows[0]["other_bare_runs"] == 1
+    assert rows[0]["overhead_pct"] == pytest.approx(100 * (60 / 55 - 1))

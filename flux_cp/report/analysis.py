@@ -192,6 +192,14 @@ def _host_changed(speeds: list[float]) -> bool:
     return len(speeds) >= 2 and max(speeds) > HOST_CHANGE * min(speeds)
 
 
+def _twin(lit: Run, twins: list[Run]) -> tuple[Run, list[Run]]:
+    """(the bare twin, the others): the latest of those run beside the Lightning run (its suite's folder), else the
+    latest of all: a later suite's bare run of the same settings ran on another host's mood, not as its pair."""
+    beside = [r for r in twins if r.path.parent.parent == lit.path.parent.parent]  # path: the summary.json
+    twin = _latest(beside or twins)[0]
+    return twin, [r for r in twins if r is not twin]
+
+
 def harness_overhead(configs: list[Config], runs: list[Run]) -> dict:
     """Each Lightning row's step against its bare twin's (the latest bare run with its twin_key), once per run
     (the W=1 baseline is every strategy's row); bare runs matched to no row are listed."""
@@ -208,7 +216,7 @@ def harness_overhead(configs: list[Config], runs: list[Run]) -> dict:
             if lit.path in by_run:
                 by_run[lit.path]["configs"].append(c.id)
                 continue
-            twin, dup = _latest(twins)
+            twin, dup = _twin(lit, twins)
             used.update(r.path for r in twins)
             n = noise(_step_side(twin), _step_side(lit))
             pct = _pct_over(lit.metric("step_ms"), twin.metric("step_ms"))
@@ -232,24 +240,67 @@ def harness_overhead(configs: list[Config], runs: list[Run]) -> dict:
             "repeats": harness_repeats(runs, bare)}
 
 
+def _measured_steps(run: Run) -> list[float]:
+    """The run's measured step_ms values (summary.json per_step: plain steps; the others are None)."""
+    return [x for x in (run.d.get("per_step") or {}).get("step_ms", []) if x is not None]
+
+
+def pooled_overhead(lit: list[float], bare: list[float], resamples: int = 2000) -> tuple[float, list[float]]:
+    """Lightning's step median over the bare loop's, in %, with every measured step of a group's runs pooled per
+    harness, and its 95% bootstrap interval (both sides resampled; a fixed seed: the report is reproducible)."""
+    import random
+
+    rng = random.Random(0)
+    med = statistics.median
+    est = 100 * (med(lit) / med(bare) - 1)
+    boot = sorted(100 * (med(rng.choices(lit, k=len(lit))) / med(rng.choices(bare, k=len(bare))) - 1)
+                  for _ in range(resamples))
+    return est, [boot[int(0.025 * resamples)], boot[int(0.975 * resamples) - 1]]
+
+
+def _pooled_verdict(ci: list[float]) -> str:
+    """Against the target, from the interval: a verdict only where the steps' spread resolves it."""
+    t = HARNESS_TARGET_PCT
+    if -t <= ci[0] and ci[1] <= t:
+        return "within"
+    if ci[0] > t:
+        return "over"
+    if ci[1] < -t:
+        return "faster (a bias)"
+    return "not resolved"
+
+
 def harness_repeats(runs: list[Run], bare: dict[str, list[Run]]) -> list[dict]:
     """Pairs of one configuration and W repeated with other data seeds (configs/suites/flux_harness_repeat.yaml):
     every Lightning run with a bare twin of its own seed, grouped over the seeds; the median overhead of a group and
-    its range. One pair cannot show a few % where steps move ~15% run to run; several interleaved pairs can."""
-    groups: dict[tuple, list[float]] = {}
+    its range. One pair cannot show a few % where steps move ~15% run to run; several interleaved pairs can, and so
+    can every measured step of the group pooled per harness, with a bootstrap interval (`pooled_*`)."""
+    groups: dict[tuple, list] = {}
     for r in runs:
         if r.d["mode"] != "train" or r.harness != "lightning" or not (twins := bare.get(twin_key(r.d))):
             continue
-        pct = _pct_over(r.metric("step_ms"), _latest(twins)[0].metric("step_ms"))
+        twin = _twin(r, twins)[0]
+        pct = _pct_over(r.metric("step_ms"), twin.metric("step_ms"))
         unseeded = json.loads(twin_key(r.d))  # [mode, device, model, data, run]
         unseeded[3] = {k: v for k, v in unseeded[3].items() if k != "seed"}
         key = (strategy_label(r.d), r.W, json.dumps(unseeded, sort_keys=True))
         if pct is not None:
-            groups.setdefault(key, []).append(pct)
-    return [{"strategy": strategy, "W": W, "pairs": len(pcts), "overhead_pct_median": statistics.median(pcts),
+            groups.setdefault(key, []).append((pct, _measured_steps(r), _measured_steps(twin)))
+    out = []
+    for (strategy, W, _), pairs in groups.items():
+        if len(pairs) < 2:
+            continue
+        pcts = [p for p, _, _ in pairs]
+        g = {"strategy": strategy, "W": W, "pairs": len(pairs), "overhead_pct_median": statistics.median(pcts),
              "overhead_pct_range": [min(pcts), max(pcts)],
              "within_target": abs(statistics.median(pcts)) <= HARNESS_TARGET_PCT}
-            for (strategy, W, _), pcts in groups.items() if len(pcts) >= 2]
+        lit, twin = [x for _, ls, _ in pairs for x in ls], [x for _, _, bs in pairs for x in bs]
+        if lit and twin:
+            est, ci = pooled_overhead(lit, twin)
+            g |= {"pooled_steps": [len(lit), len(twin)], "pooled_overhead_pct": est, "pooled_ci95_pct": ci,
+                  "pooled_verdict": _pooled_verdict(ci)}
+        out.append(g)
+    return out
 
 
 def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:

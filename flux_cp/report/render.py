@@ -118,6 +118,16 @@ def _rel(report: Report, path: str) -> str:  # every run was found under the roo
     return str(Path(path).relative_to(report.root))
 
 
+def _pooled(g: dict, target: float) -> str:
+    if "pooled_ci95_pct" not in g:
+        return ""
+    lo, hi = g["pooled_ci95_pct"]
+    n_lit, n_bare = g["pooled_steps"]
+    return (f"; all steps pooled ({n_lit} Lightning, {n_bare} bare): {g['pooled_overhead_pct']:+.1f}% "
+            f"(95% interval {lo:+.1f}% to {hi:+.1f}%): {g['pooled_verdict']}"
+            + (f" at +-{target:g}%" if g["pooled_verdict"] in ("within", "not resolved") else ""))
+
+
 def harness_md(report: Report) -> list[str]:
     """The section, when there are bare-loop runs: the table, then the bare runs no Lightning row matched."""
     h = report.harness
@@ -135,7 +145,8 @@ def harness_md(report: Report) -> list[str]:
         out += ["Repeated pairs (other data seeds, run interleaved): " + "; ".join(
             f"{g['strategy']} W={g['W']}: median {g['overhead_pct_median']:+.1f}% over {g['pairs']} pairs "
             f"(range {g['overhead_pct_range'][0]:+.1f}% to {g['overhead_pct_range'][1]:+.1f}%), "
-            f"{'within' if g['within_target'] else 'over'} {h['target_pct']:g}%" for g in h["repeats"]) + ".", ""]
+            f"{'within' if g['within_target'] else 'over'} {h['target_pct']:g}%" + _pooled(g, h["target_pct"])
+            for g in h["repeats"]) + ".", ""]
     if bare := h["unmatched_bare"]:  # recipe and regime suites run the bare loop alone: name a few, count the rest
         more = f", and {len(bare) - 5} more (report.json: harness.unmatched_bare)" if len(bare) > 6 else ""
         out += [f"Bare runs with no Lightning twin among the rows ({len(bare)}): " + ", ".join(
