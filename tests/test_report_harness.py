@@ -249,9 +249,9 @@ def test_pooled_steps_give_a_verdict_only_where_their_spread_resolves_it():
     rng = random.Random(1)
     bare = [100 + rng.gauss(0, 0.5) for _ in range(120)]
     cases = {"within": 101.0, "over": 110.0, "faster (a bias)": 90.0}
-    for verdict, centre in cases.items():
+    for want, centre in cases.items():
         est, ci = pooled_overhead([centre + rng.gauss(0, 0.5) for _ in range(65)], bare)
-        assert ci[0] <= est <= ci[1] and _pooled_verdict(ci) == verdict, (verdict, est, ci)
+        assert ci[0] <= est <= ci[1] and _pooled_verdict(ci) == want, (want, est, ci)
     est, ci = pooled_overhead([101 + rng.gauss(0, 15) for _ in range(65)], bare)  # an H200's host-bound spread
     assert _pooled_verdict(ci) == "not resolved" and ci[1] - ci[0] > 6
 
