@@ -19,10 +19,16 @@ An entry: kind, bytes (nccl-tests' "size": all_gather = output, reduce_scatter a
 all_reduce and broadcast = the tensor), group_size, async (false: the issuing stream waits at once),
 stream (the main compute stream or a side one, FSDP's), issue stamp and, for functional collectives, the
 stamp where their consumer waits (wait_tensor). flux_cp/predict.py prices them.
+
+CUDA graphs (torch.compile's reduce-overhead mode): a replay runs its captured collectives without calling the
+dispatcher, so the ledger keeps what each graph recorded while it was captured (not the step's: a capture moves
+nothing) and adds those entries at every replay of that graph in a step (`graph: true`), stamped at the replay's
+start and priced as exposed (`async: false`: inside a graph no stamp says where they end).
 """
 
 import functools
 import threading
+import weakref
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -106,6 +112,8 @@ class CommLedger:
         self._entries: list[dict] = []
         self._by_output: dict[int, dict] = {}  # functional collectives in flight: output data_ptr -> entry
         self._local = threading.local()  # inside a collective's kernel: its inner c10d call is not counted twice
+        self._capture = threading.local()  # the CUDA graph this thread is capturing (`graph`), if any
+        self._graphs = weakref.WeakKeyDictionary()  # CUDAGraph -> the collectives it captured
         self._libs = []
 
     @classmethod
@@ -135,11 +143,32 @@ class CommLedger:
             return "compute"
         return "compute" if torch.cuda.current_stream() == torch.cuda.default_stream() else "side"
 
+    def _capturing(self):
+        """The CUDA graph this thread is capturing, or None."""
+        graph = getattr(self._capture, "graph", None)
+        return graph if graph is not None and torch.cuda.is_current_stream_capturing() else None
+
+    def _listening(self) -> bool:
+        return self._clock is not None or getattr(self._capture, "graph", None) is not None
+
     def _record(self, kind, nbytes, group_size, async_op) -> dict:
         e = {"kind": kind, "bytes": int(nbytes), "group_size": int(group_size), "async": bool(async_op),
-             "stream": self._stream(), "issue": self._stamp(), "wait": None}
+             "stream": "compute", "issue": None, "wait": None}
+        if (graph := self._capturing()) is not None:  # kept for the graph's replays, not the step's own
+            self._graphs.setdefault(graph, []).append(e | {"graph": True, "async": False})
+            return e
+        if self._clock is None:  # outside a step (another stream captures meanwhile): not the step's
+            return e
+        e |= {"stream": self._stream(), "issue": self._stamp()}
         self._entries.append(e)
         return e
+
+    def _replayed(self, graph) -> None:
+        """A replay of `graph` in this step: the collectives it captured, stamped at the replay's start."""
+        if self._clock is None or not (captured := self._graphs.get(graph)):
+            return
+        stamp = self._stamp()
+        self._entries += [dict(e, issue=stamp) for e in captured]
 
     def _c10d_kernel(self, op, kind, size_arg):
         names = [a.name for a in op._schema.arguments]
@@ -149,7 +178,7 @@ class CommLedger:
 
         def kernel(*args, **kwargs):
             inside = getattr(local, "inside", False)
-            if self._clock is not None and not inside and not _is_fake(args):
+            if self._listening() and not inside and not _is_fake(args):
                 given = i_async is not None and i_async < len(args)
                 async_op = args[i_async] if given else kwargs.get("async_op", True)
                 self._record(kind, _nbytes(args[size_arg]), _group_size(args), async_op)
@@ -171,7 +200,7 @@ class CommLedger:
         local = self._local
 
         def kernel(*args, **kwargs):  # args[0]: the input tensor
-            record = self._clock is not None and not isinstance(args[0], FakeTensor)
+            record = self._listening() and not isinstance(args[0], FakeTensor)
             inside = getattr(local, "inside", False)
             local.inside = True
             try:
@@ -181,7 +210,7 @@ class CommLedger:
             if record:
                 n = _group_size(args, args[-1])
                 e = self._record(kind, _nbytes(args[0]) * (n if gathers else 1), n, True)
-                if isinstance(out, torch.Tensor):
+                if isinstance(out, torch.Tensor) and e["issue"] is not None:
                     self._by_output[out.data_ptr()] = e
             return out
 
@@ -215,6 +244,33 @@ class CommLedger:
         flib.impl("wait_tensor", nodynamo(self._wait_kernel(torch.ops._c10d_functional.wait_tensor.default)),
                   "BackendSelect")
         self._libs = [lib, flib]  # kept alive: a Library deregisters its kernels when collected
+        self._watch_graphs()
+
+    def _watch_graphs(self) -> None:
+        """torch.cuda.CUDAGraph's capture and replay, wrapped once per process (cudagraph trees and torch.cuda.graph
+        both call them): what a graph captures is known, and when it replays."""
+        graph_cls = getattr(torch.cuda, "CUDAGraph", None)
+        if graph_cls is None or not torch.cuda.is_available():
+            return
+        begin, end, replay = graph_cls.capture_begin, graph_cls.capture_end, graph_cls.replay
+        capture, ledger = self._capture, self
+
+        def capture_begin(graph, *args, **kwargs):
+            ledger._graphs[graph] = []  # a graph captured again holds its new capture only
+            capture.graph = graph
+            return begin(graph, *args, **kwargs)
+
+        def capture_end(graph):
+            try:
+                return end(graph)
+            finally:
+                capture.graph = None
+
+        def replay_(graph):
+            ledger._replayed(graph)
+            return replay(graph)
+
+        graph_cls.capture_begin, graph_cls.capture_end, graph_cls.replay = capture_begin, capture_end, replay_
 
 
 def resolve(entries: list[dict], ms, t0) -> list[dict]:

@@ -154,19 +154,28 @@ def test_compiled_ring_as_a_simulated_rank_keeps_its_ledger(tmp_path):
 def test_whole_model_cuda_graphs_as_a_simulated_ulysses_rank(tmp_path, harness):
     """Issue 26's graph recipe: Ulysses + ZeRO, the whole model under torch.compile reduce-overhead, as rank 0 of a
     2-rank fake-group job. On the H200 (flux_recipe_graphs, bare, in one process after other compiled runs) it failed
-    while dynamo traced the attention processor ("AssertionError" with no message); it passes on CPU in-process.
-    A failure here leaves its whole traceback in error-rank0.json."""
+    while dynamo traced the attention processor ("AssertionError" with no message): in-process sweeps now reset
+    dynamo between runs. A failure here leaves its whole traceback in error-rank0.json. The graphs' replays run
+    Ulysses' all-to-alls without the dispatcher: the ledger adds what each graph captured, so a replayed step holds
+    the eager step's collectives."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    out = tmp_path / "run"
-    proc = bench("--config", TINY, "--accelerator", "gpu", "--wandb-mode", "disabled", "--output", out,
-                 "--harness", harness, "--cp", "ulysses", "--weights", "zero", "--simulate-world", 2,
-                 "--compile", "true", "--compile-mode", "reduce-overhead", "--compile-scope", "model",
-                 "--precision", "bf16-true", "--steps", 4, "--warmup-steps", 3, timeout=600)
-    errors = sorted(out.glob("error-rank*.json"))
-    assert proc.returncode == 0, (errors[0].read_text() if errors else "") + proc.stderr[-3000:]
-    d = json.loads((out / "summary.json").read_text())
+    args = ("--config", TINY, "--accelerator", "gpu", "--wandb-mode", "disabled", "--harness", harness, "--cp",
+            "ulysses", "--weights", "zero", "--simulate-world", 2, "--precision", "bf16-true", "--steps", 4,
+            "--warmup-steps", 3)
+    runs = {}
+    for name, extra in (("graphs", ("--compile", "true", "--compile-mode", "reduce-overhead", "--compile-scope",
+                                    "model")), ("eager", ())):
+        out = tmp_path / name
+        proc = bench(*args, *extra, "--output", out, timeout=600)
+        errors = sorted(out.glob("error-rank*.json"))
+        assert proc.returncode == 0, (errors[0].read_text() if errors else "") + proc.stderr[-3000:]
+        runs[name] = json.loads((out / "summary.json").read_text())
+    d = runs["graphs"]
     assert d["complete"] and d["compile"]["mode"] == "reduce-overhead" and d["metrics"]["step_ms"]["n"] == 4
+    assert d["comm"]["per_step"] == runs["eager"]["comm"]["per_step"]  # all-to-alls, ZeRO's broadcasts, DDP-free
+    replayed = [e for e in d["comm"]["ledger"][-1]["collectives"] if e.get("graph")]
+    assert replayed and {e["kind"] for e in replayed} == {"all_to_all"} and all(e["issue_ms"] >= 0 for e in replayed)
 
 
 def test_ops_only_simulated_worlds_on_cuda(tmp_path):
