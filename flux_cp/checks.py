@@ -82,6 +82,9 @@ def resolve(
                           f"--simulate-world W for a rank of W); drop it to run {run.devices} processes")
     if run.sigterm_every < 1:
         raise ConfigError(f"--sigterm-every {run.sigterm_every}: a number of steps >= 1 (1: Lightning's every step)")
+    if run.zero_bucket_view and run.weights != "zero":
+        raise ConfigError(f"--zero-bucket-view true: ZeRO's flat parameter buffers need --weights zero (not "
+                          f"{run.weights}; or drop --zero-bucket-view)")
     if run.harness == "bare":
         _check_bare(run)
     if run.sync_debug and run.accelerator != "gpu":

@@ -54,7 +54,8 @@ def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.
     if run.weights == "zero" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=run.lr, fused=fused)
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=run.lr, fused=fused,
+                                       parameters_as_bucket_view=run.zero_bucket_view)
     return torch.optim.AdamW(params, lr=run.lr, fused=fused)
 
 

@@ -265,7 +265,10 @@ class RunSummary:
         if self.ledger:
             from flux_cp.ledger import totals
 
-            d["comm"] = {"per_step": totals(self.ledger[0]["collectives"])}
+            # a typical step's: the totals most steps share (a one-off, e.g. Lightning's object broadcast in the first
+            # measured step, stays in the ledger only)
+            per = [json.dumps(totals(s["collectives"]), sort_keys=True) for s in self.ledger]
+            d["comm"] = {"per_step": json.loads(max(per[::-1], key=per.count))}
             # every step's collectives (hundreds of KB under ZeRO) in the final write, or a failed run's: the
             # flushes while measuring are host time between steps
             if complete or "error" in d:

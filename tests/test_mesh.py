@@ -117,3 +117,15 @@ def test_resolve_defaults_to_pure_cp_and_allows_pure_dp():
     cfg = resolve(parse_config(["--config", str(TINY), "--devices", "4", "--cp-degree", "1"], cuda_available=False),
                   cuda_available=False, gpu_count=0, env={})
     assert (cfg.run.cp_degree, cfg.run.dp, cfg.run.cp) == (1, 4, "none")
+
+
+def test_zero_bucket_view_trains_alike_and_broadcasts_one_buffer_per_rank(single_process, tmp_path):
+    """--zero-bucket-view: ZeRO's parameters as views of one flat buffer per rank. Same training as one process over
+    10 steps (fp64, real gloo ranks), and after each step W broadcasts (one buffer per rank) of every parameter's
+    bytes, instead of one per parameter."""
+    got = exact_run(tmp_path, "--devices", 2, "--cp", "ulysses", "--weights", "zero", "--zero-bucket-view", "true")
+    d = got["summary"]
+    assert d["config"]["run"]["zero_bucket_view"] and d["weights"] == "zero"
+    assert_exact(got, single_process(1), rtol=1e-12)
+    bcast = d["comm"]["per_step"]["broadcast"]
+    assert bcast == {"count": 2, "bytes": d["params"] * 8}  # fp64: 8 bytes a parameter, each sent once
