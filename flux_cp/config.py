@@ -162,8 +162,8 @@ class BenchConfig:
 
 # --help groups of the run settings (fields not named here: "Run")
 RUN_GROUPS = {
-    "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "rotate", "sdpa_backend", "split_conditioning", "simulate_world",
-                    "simulate_rank"),
+    "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "rotate", "sdpa_backend", "split_conditioning",
+                    "simulate_world", "simulate_rank"),
     "Harness": ("harness", "loader", "num_workers", "sigterm_every"),
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",
