@@ -346,8 +346,11 @@ def recipe_for(run: dict) -> str | None:
     """The recipe (configs/recipes/*.yaml: run settings only) that this run's settings all match, as its path."""
     import yaml
 
+    from flux_cp.config import RunConfig
+
+    default = RunConfig()  # a setting newer than the run's summary: the run had its default
     for path in sorted((CONFIG_DIR / "recipes").glob("*.yaml")):
         settings = yaml.safe_load(path.read_text()) or {}
-        if settings and all(run.get(k) == v for k, v in settings.items()):
+        if settings and all(run.get(k, getattr(default, k, None)) == v for k, v in settings.items()):
             return str(path.relative_to(CONFIG_DIR.parent))
     return None

@@ -204,6 +204,7 @@ def strategy_label(d: dict) -> str:
         cp += f"({d['config']['run'].get('rotate', 'allgather')})"
     # ZeRO: AdamW state sharded over the W ranks; FSDP: parameters, gradients and state (FSDP2 per block)
     zero = {"zero": " zero", "fsdp": " fsdp"}.get(d.get("weights"), "")
+    zero += "-buckets" if d["config"]["run"].get("zero_bucket_view") else ""  # ZeRO: one flat buffer per rank
     split = " split-cond" if d["config"]["run"].get("split_conditioning") else ""  # AdaLN linears split over W
     bare = BARE if harness(d) == "bare" else ""  # before " simulated": match_isolated reads the label's end
     return cp + zero + split + bare + (" simulated" if d.get("simulate_world") else "")
