@@ -111,7 +111,8 @@ def _run(cfg: BenchConfig, report) -> int:
     model = build_model(cfg).to(device, dtype)  # fp32 init, then the run's precision (Lightning's plugin does the same)
     mesh = build_mesh(device.type, run.dp, run.cp_degree)
     fwd, opt = _wrap(model, run, device)
-    timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=CommLedger.get())  # one event pair per step
+    ledger = CommLedger.get() if run.ledger else None
+    timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=ledger)  # one event pair per step
     step = FluxStep(cfg, model, device, mesh["cp"] if mesh is not None else None, timer)
     n = run.warmup_steps + run.steps
     batches = device_batches(data, cfg.model, n, rank // run.cp_degree, run.dp, dtype, device)

@@ -103,6 +103,9 @@ class RunConfig:
     group: str = "adhoc"  # sweep id: one wandb dashboard per group
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"  # wandb run in <output>/wandb; online: synced
     timing: bool = True  # op regions (QKV GEMM, SDPA) inside the step
+    # every collective of a step recorded (flux_cp/ledger.py: ~20 us of host per collective on an H200's host, in
+    # both harnesses); false: none recorded, the report prices the collectives derived from the shapes instead
+    ledger: bool = True
     # op regions on every Nth measured step (1: all): the others give step_ms as the bare loop's steps, the timed ones
     # step_timed_ms and the ops (timing_overhead_pct): at W >= 2 the regions' host time would otherwise be step time
     regions_every: int = 4
@@ -168,6 +171,7 @@ RUN_GROUPS = {
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",
                              "gc_every"),
+    "Ledger": ("ledger",),  # not bookkeeping: it costs every step host time
     "Compile": ("compile", "compile_mode", "compile_backend", "compile_scope"),
     "Op bench (--ops-only)": ("ops_only", "seq_lens", "seed_compat", "graph", "reps"),
     "Output": ("output", "overwrite", "group", "wandb_mode", "dump_grads", "dump_params", "dump_ops"),

@@ -75,7 +75,7 @@ class FluxCPModule(L.LightningModule):
         cp_mesh = self.mesh["cp"] if self.mesh is not None else None
         # Op regions would split a compiled graph (graph breaks change what is measured): off under --compile.
         self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing and not run.compile,
-                               ledger=CommLedger.get())
+                               ledger=CommLedger.get() if run.ledger else None)
         self.step = FluxStep(self.cfg, self.model, self.device, cp_mesh, self.timer)
 
     # Host clock stamps around Lightning's copy of the batch to the device (the timing callback's data_ms, transfer_ms)

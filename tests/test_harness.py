@@ -128,3 +128,26 @@ def test_simulated_bare_and_lightning_record_the_same_ledger(tmp_path):
     assert len(key(bare)) == 2 and len(key(bare)[0]) > 10
     assert key(bare) == key(lit)
     assert bare["collectives"] == "fake" and bare["loss"] is None and bare["run_name"].endswith("-bare")
+
+
+def test_ledger_off_records_nothing_and_the_report_prices_the_shapes(tmp_path):
+    """--ledger false (to measure the ledger's own host cost): no collective is recorded in either harness, and the
+    report still prices the step's communication, from the collectives the shapes imply."""
+    from flux_cp import links
+    from flux_cp.report import build
+
+    common = ("--config", TINY, "--warmup-steps", 1, "--steps", 2, "--cp", "ulysses", "--weights", "zero",
+              "--wandb-mode", "disabled", "--ledger", "false")
+    jobs = {"w1": ("--cp", "none"), "bare": ("--simulate-world", 2, "--harness", "bare"),
+            "lightning": ("--simulate-world", 2)}
+    with ThreadPoolExecutor(2) as pool:
+        done = [pool.submit(bench, *common, *extra, "--output", tmp_path / name) for name, extra in jobs.items()]
+        for job in done:
+            r = job.result()
+            assert r.returncode == 0, r.stderr[-3000:]
+    for name in jobs:
+        d = _summary(tmp_path / name)
+        assert validate(d) == [] and "comm" not in d and d["config"]["run"]["ledger"] is False
+    rows = [row for c in build(tmp_path, cpu_link=links.flat(100)).configs for row in c.rows if row.W == 2]
+    assert len(rows) == 2 and all(not row.a["comm_source"].startswith("ledger") for row in rows)
+    assert all(row.a["prediction"]["kv_ms"] > 0 and row.a["prediction"]["grad_ms"] > 0 for row in rows)
