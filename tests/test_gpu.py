@@ -173,7 +173,10 @@ def test_whole_model_cuda_graphs_as_a_simulated_ulysses_rank(tmp_path, harness):
         runs[name] = json.loads((out / "summary.json").read_text())
     d = runs["graphs"]
     assert d["complete"] and d["compile"]["mode"] == "reduce-overhead" and d["metrics"]["step_ms"]["n"] == 4
-    assert d["comm"]["per_step"] == runs["eager"]["comm"]["per_step"]  # all-to-alls, ZeRO's broadcasts, DDP-free
+    graphs, eager = d["comm"]["per_step"], runs["eager"]["comm"]["per_step"]
+    assert {k: v["bytes"] for k, v in graphs.items()} == {k: v["bytes"] for k, v in eager.items()}
+    # DDP may bucket the same gradient bytes otherwise once compiled (gradient-ready order): all-reduce counts aside
+    assert all(graphs[k]["count"] == eager[k]["count"] for k in ("all_to_all", "broadcast"))
     replayed = [e for e in d["comm"]["ledger"][-1]["collectives"] if e.get("graph")]
     assert replayed and {e["kind"] for e in replayed} == {"all_to_all"} and all(e["issue_ms"] >= 0 for e in replayed)
 
