@@ -51,7 +51,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from flux_cp.failures import error_kind, error_line, error_trace
-from flux_cp.results import RunSummary, gather_row, host_op_us, run_start_time
+from flux_cp.results import RunSummary, gather_row, host_op_us, peak_memory, reset_peak_memory, run_start_time
 from flux_cp.simulate import is_fake
 from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
 
@@ -126,6 +126,7 @@ class OpTimingCallback(Callback):
         if pl_module.timer.cuda and self.idle_probe_every:
             spin_cycles_per_ms()  # calibrated (it synchronises) before any step, not inside the first probe
         gc.callbacks.append(self._gc)
+        reset_peak_memory(pl_module.timer.cuda)  # the model, optimizer state and batches are in place by now
         self._t0 = time.perf_counter()
         self.wall = {"run": run_start_time(), "start": time.time()}
         self._regions = pl_module.timer.enabled
@@ -251,6 +252,7 @@ class OpTimingCallback(Callback):
     def on_train_end(self, trainer, pl_module):
         self._remove_gc_hook()
         self.wall["end"] = time.time()
+        self.summary.header["memory"] = peak_memory(pl_module.timer.cuda)  # this rank's, over the steps
         self.summary.header["host_op_us_end"] = host_op_us()  # env.host_op_us again: did the host change meanwhile
         self._finish_reads(trainer, pl_module, collective=True)
         if trainer.global_rank != self.report_rank:

@@ -27,7 +27,16 @@ from flux_cp.failures import EXIT_CODES, error_kind, error_line, error_trace, ki
 from flux_cp.ledger import CommLedger
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.model import num_params
-from flux_cp.results import RunSummary, gather_row, host_op_us, run_start_time, train_header, wall_split
+from flux_cp.results import (
+    RunSummary,
+    gather_row,
+    host_op_us,
+    peak_memory,
+    reset_peak_memory,
+    run_start_time,
+    train_header,
+    wall_split,
+)
 from flux_cp.simulate import allreduce_hook, init_fake_world
 from flux_cp.step import FluxStep, build_model, default_dtype, init_device
 from flux_cp.timing import StepTimer
@@ -124,6 +133,7 @@ def _run(cfg: BenchConfig, report) -> int:
                                                      "sdpa_kernel": step.sdpa_kernel,
                                                      "optimizer_params": optimizer_numel(opt)}
     summary = RunSummary(Path(run.output) / "summary.json", header, run.warmup_steps)
+    reset_peak_memory(timer.cuda)  # as the Lightning run: from the loop's start, model and batches in place
     records, wall = [], {"start": time.time()}
     try:
         with default_dtype(dtype):  # as Lightning's precision plugin around training_step
@@ -135,6 +145,7 @@ def _run(cfg: BenchConfig, report) -> int:
                 if run.dump_grads and i == 0:
                     _save(rank, run, full_grads(model), "grads_step0.pt")
         wall["end"] = time.time()
+        summary.header["memory"] = peak_memory(timer.cuda)  # this rank's, over the steps
         if run.dump_params:
             _save(rank, run, full_params(model), "params_final.pt")
     except BaseException as e:  # what was measured is kept: this rank's own figures, complete: false

@@ -74,6 +74,27 @@ def host_op_us(n: int = 4000, reps: int = 7) -> float:
     return statistics.median(times)
 
 
+def reset_peak_memory(cuda: bool) -> None:
+    """Start this run's peak where its memory is now (an in-process sweep's earlier run left its own peak)."""
+    if cuda:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory(cuda: bool) -> dict:
+    """This rank's peak memory since reset_peak_memory, in GiB: the CUDA caching allocator's allocated and reserved
+    bytes; on CPU the process's peak resident set (Linux: ru_maxrss in KiB; the whole process, imports included)."""
+    if cuda:
+        import torch
+
+        return {"allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+                "reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3)}
+    import resource
+
+    return {"host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
+
+
 def train_header(cfg, params: int) -> dict:
     """summary.json's fields that describe a training run (either harness) before it measures anything."""
     from flux_cp.config import run_name

@@ -173,6 +173,7 @@ def test_whole_model_cuda_graphs_as_a_simulated_ulysses_rank(tmp_path, harness):
         runs[name] = json.loads((out / "summary.json").read_text())
     d = runs["graphs"]
     assert d["complete"] and d["compile"]["mode"] == "reduce-overhead" and d["metrics"]["step_ms"]["n"] == 4
+    assert 0 < d["memory"]["allocated_gib"] <= d["memory"]["reserved_gib"]  # the rank's peak over the steps
     graphs, eager = d["comm"]["per_step"], runs["eager"]["comm"]["per_step"]
     assert {k: v["bytes"] for k, v in graphs.items()} == {k: v["bytes"] for k, v in eager.items()}
     # DDP may bucket the same gradient bytes otherwise once compiled (gradient-ready order): all-reduce counts aside

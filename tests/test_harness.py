@@ -92,6 +92,7 @@ def test_summary_has_wall_split_and_steadiness(runs):
         assert abs(sum(w[k] for k in parts) - w["total"]) < 0.01
         assert d["sdpa_backend"] == "auto" and d["sdpa_kernel"] in ("flash", "math")  # what SDPA ran on this CPU
         assert d["env"]["host_op_us"] > 0 and d["host_op_us_end"] > 0  # the host's speed at the start and end
+        assert d["memory"]["host_max_rss_gib"] > 0.05  # CPU: the process's peak resident set (torch alone is more)
         st = d["steadiness"]
         assert sum(d["step_kinds"].values()) == EXACT_STEPS - 1  # measured: step_ms from the plain ones
         assert st["n"] == d["step_kinds"]["plain"] and st["ci95"][0] <= st["median"] <= st["ci95"][1]

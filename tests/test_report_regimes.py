@@ -291,6 +291,7 @@ def test_a_reproducing_regime_names_the_fastest_configuration_at_each_w(tmp_path
     put(tmp_path, "w1", summary(NONE_W1, "w1", base_ms, sdpa_kernel="flash"))
     uly = summary(SIM[2], "uly-w2", 50.0, sdpa_kernel="cudnn")
     uly["cp"] = uly["config"]["run"]["cp"] = "ulysses"
+    uly["memory"] = {"allocated_gib": 41.25, "reserved_gib": 44.0}  # the rank's peak, beside its speedup
     put(tmp_path, "uly-w2", uly)
     other = summary(SIM[2], "uly-b4-w2", 20.0, batch=4, sdpa_kernel="cudnn")  # faster, but another batch
     other["cp"] = other["config"]["run"]["cp"] = "ulysses"
@@ -302,4 +303,5 @@ def test_a_reproducing_regime_names_the_fastest_configuration_at_each_w(tmp_path
     assert b["speedup"] == pytest.approx(base_ms / predicted(uly, 2).predicted_ms, rel=1e-9)
     assert b["recipe"] == "configs/recipes/ulysses_ddp.yaml"  # its settings (ulysses, DDP, eager, bf16) are that file's
     assert recipe_for(ring["config"]["run"]) is None  # no recipe is the user's ring
-    assert any("what to run: W=2 ulysses" in line for line in regime_lines(report))
+    assert b["peak_gib"] == 41.25
+    assert any("what to run: W=2 ulysses" in line and "peak 41.2 GiB per rank" in line for line in regime_lines(report))

@@ -101,7 +101,7 @@ def reconcile(report, user: str = "torch(allgather)") -> dict | None:
                "isolated_noisy": a.get("isolated_noisy", {}), "noisy": a["noise"]["noisy"], "timer": a["timer"],
                # a real run's K/V exchange runs inside its SDPA regions: unless profiled or priced, its waits are
                # counted as attention (a gloo W=2 run showed "K/V exchange 0" and 18 ms of "chunking")
-               "kv_unsplit": not fake and a["comm_source"].startswith("not priced")}
+               "kv_unsplit": not fake and a["comm_source"].startswith("not priced"), "peak_gib": a.get("peak_gib")}
         if real is not None and real is not a:  # the check: the same config on real processes
             meas = base["step_ms"] / real["step_ms"]
             row |= {"measured_speedup": meas, "measured_run": real["run"], "measured_ms": real["step_ms"],
@@ -128,7 +128,7 @@ def _alternatives(configs: list[Config], mine: list[Config], base: dict) -> list
                 p = r.a["prediction"]
                 out.append({"strategy": _shown(c), "compile": c.key["compile"], "W": r.W, "run": r.a["run"],
                             "basis": "predicted" if r.a["collectives"] == "fake" else "measured",
-                            "speedup": base["step_ms"] / r.a["projected_step_ms"],
+                            "speedup": base["step_ms"] / r.a["projected_step_ms"], "peak_gib": r.a.get("peak_gib"),
                             "bounds": [base["step_ms"] / p["upper_ms"], base["step_ms"] / p["lower_ms"]]
                             if r.a["collectives"] == "fake" else None})
     return sorted(out, key=lambda x: (x["W"], -x["speedup"]))
@@ -189,10 +189,12 @@ def _answer(s: dict) -> list[str]:
                "No other configuration here does better.")
     if s["user_settings"]:  # issue 18's targets for the best configuration, end to end on the H200 profile
         for w, target in TARGETS.items():
-            cands = [(a["speedup"], f"{a['strategy']} (compile {a['compile']})") for a in s["alternatives"]
-                     if a["W"] == w] + ([(mine[w], s["strategy"])] if w in mine else [])
+            cands = [(a["speedup"], f"{a['strategy']} (compile {a['compile']})", a.get("peak_gib"))
+                     for a in s["alternatives"] if a["W"] == w]
+            cands += [(mine[w], s["strategy"], rows[w].get("peak_gib"))] if w in mine else []
             if cands:
-                sp, who = max(cands)
+                sp, who, peak = max(cands, key=lambda c: c[0])
                 met = "met" if sp >= target else "missed"
-                out.append(f"Best at W={w}: {who} {sp:.2f}x, target >= {target}x: {met}.")
+                mem = f" (peak {peak:.3g} GiB per rank)" if peak is not None else ""
+                out.append(f"Best at W={w}: {who} {sp:.2f}x{mem}, target >= {target}x: {met}.")
     return out

@@ -338,7 +338,7 @@ def _best(runs: list[Run], reg: dict, row, notes: list[str]) -> dict:
                             "predicted_step_ms": ms, "speedup": reg["baseline"]["step_ms"] / ms,
                             "basis": "predicted" if a["collectives"] == "fake" else "measured",
                             "users": is_user(r) and compiled == reg["compile"],  # the user's own configuration
-                            "recipe": recipe_for(r.d["config"]["run"])}
+                            "recipe": recipe_for(r.d["config"]["run"]), "peak_gib": a.get("peak_gib")}
     return best
 
 

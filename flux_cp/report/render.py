@@ -299,7 +299,8 @@ def best_line(s: dict) -> str:
     def one(w, b):
         recipe = f" = {b['recipe']}" if b.get("recipe") else ""
         ring = f"; the user's ring {s['speedups'][w]:.2f}x" if w in s["speedups"] else ""
-        return f"W={w} {b['strategy']}, {b['compile']}{recipe}: {b['speedup']:.2f}x ({b['basis']}{ring})"
+        mem = f", peak {b['peak_gib']:.3g} GiB per rank" if b.get("peak_gib") is not None else ""
+        return f"W={w} {b['strategy']}, {b['compile']}{recipe}: {b['speedup']:.2f}x ({b['basis']}{ring}{mem})"
 
     return "; ".join(one(w, b) for w, b in sorted(s["best"].items(), key=lambda x: int(x[0])))
 
