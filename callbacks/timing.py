@@ -83,7 +83,7 @@ class OpTimingCallback(Callback):
         self.max_pending = max_pending  # unread steps held before the loop reads finished ones (long runs)
         self._flushed = 0.0
         self.last: dict[str, float] = {}  # this rank's figures of the last step (the profiler reads them)
-        self._host_ms = 0.0  # last step's issue time: how far ahead a probe must hold the stream
+        self._host_ms = 0.0  # the last step's issue time (host clock): how long a probe must hold the stream
         self._kind = "timed"  # this step's kind, set at its start
         self._pending: list[tuple] = []  # finished steps not read yet: (batch_idx, kind, step)
         self._read: list[tuple] = []  # read, not yet gathered (several ranks): (batch_idx, kind, figures)
@@ -149,11 +149,16 @@ class OpTimingCallback(Callback):
         gc_ms = self._gc.take()  # collections since the last step started: in its loop period
         if self._ended is not None:
             self._ended["gc_ms"] = gc_ms
+        self.summary.header.setdefault("probe_hold_ms", [])
+        if probe_ms:  # summary.json: each probe's hold (it must exceed the step's issue time, or busy reads as step)
+            self.summary.header["probe_hold_ms"].append(round(probe_ms, 3))
         timer.start_step(regions=kind in ("timed", "warmup"), probe_ms=probe_ms)
         self._host0[batch_idx] = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = self._ended = pl_module.timer.end_step(outputs["loss"]) | self._between
+        # how long the host took to issue it (host clock: nothing to read from the device), for the next probe's hold
+        self._host_ms = (step["host1"] - step["host0"]) * 1e3
         if batch_idx + 1 == self.warmup_steps:  # warm-up wall time: compilation, autotuning, allocator growth
             self.summary.header["warmup_s"] = time.perf_counter() - self._t0
             self.summary.header["warmup_steps"] = self.warmup_steps
@@ -189,7 +194,6 @@ class OpTimingCallback(Callback):
             if nxt is not None:  # the next step has started: the loop's period, as the host sees it
                 local["loop_ms"] = (nxt - self._host0[batch_idx]) * 1e3
             local |= {k: step[k] for k in LOOP_PARTS if k in step}
-            self._host_ms = local["host_ms"]
             self._read.append((batch_idx, kind, local))
             self.last = self._figures(kind, {k: v for k, v in local.items() if k not in ("loss", "comm")})
             if self._group is None:  # one rank: nothing to gather, the summary grows as steps are read

@@ -215,10 +215,15 @@ def test_bare_and_lightning_train_alike_on_cuda(tmp_path):
     run's, and the Lightning run read its steps without waiting inside the loop."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    args = ("--cp", "torch", "--precision", "32-true", "--steps", 5, "--warmup-steps", 2)
-    lit = _gpu_run(tmp_path / "lightning", *args)
+    args = ("--cp", "torch", "--precision", "32-true", "--steps", 10, "--warmup-steps", 2)
+    lit = _gpu_run(tmp_path / "lightning", *args, "--idle-probe-every", 4)
     bare = _gpu_run(tmp_path / "bare", *args, "--harness", "bare")
     assert (lit["harness"], bare["harness"]) == ("lightning", "bare")
     torch.testing.assert_close(torch.tensor(bare["loss"]), torch.tensor(lit["loss"]), rtol=1e-5, atol=0)
     assert lit["reads"]["waited_in_loop"] == 0 and lit["wall_s"]["teardown"] < 5
     assert lit["sdpa_backend"] == bare["sdpa_backend"] == "efficient" == lit["sdpa_kernel"]  # the ring's fp32 kernel
+    # The probes held the stream longer than the host took to issue a step (host clock, no device read): their busy
+    # time is the tiny model's device work, well under its host-bound step. With reads after the loop the hold fell
+    # to its 2 ms floor on the H200 (2026-12-04 call 1) and busy read as the whole step.
+    holds, host = lit["probe_hold_ms"], lit["metrics"]["host_ms"]["median"]
+    assert len(holds) == 2 and min(holds) > host and lit["metrics"]["device_busy_ms"]["median"] < holds[0]
