@@ -9,8 +9,10 @@ from callbacks.progress import StepProgressBar
 from callbacks.sigterm import SigtermEveryCallback
 from callbacks.syncs import SyncDebugCallback
 from callbacks.timing import OpTimingCallback
+from callbacks.twin import BareTwinCallback
 
 __all__ = [
+    "BareTwinCallback",
     "FaultInjectionCallback",
     "GcScheduleCallback",
     "GuardCallback",

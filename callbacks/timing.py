@@ -101,6 +101,7 @@ class OpTimingCallback(Callback):
         self._between: dict[str, float] = {}  # this step's data_ms, transfer_ms, prologue_ms
         self._ended: dict | None = None  # the last step closed: its loop period runs until the next step starts
         self._gc = GcClock()  # Python's collections: gc_ms, the part of a step's loop_ms spent in them
+        self.twin = None  # callbacks/twin.py's BareTwinCallback, when --interleave-bare is on
 
     def step_kind(self, batch_idx: int, cuda: bool, timing: bool) -> str:
         j = batch_idx - self.skip  # index among measured steps
@@ -259,6 +260,9 @@ class OpTimingCallback(Callback):
         self.summary.header["memory"] = peak_memory(pl_module.timer.cuda)  # this rank's, over the steps
         self.summary.header["host_op_us_end"] = host_op_us()  # env.host_op_us again: did the host change meanwhile
         self._finish_reads(trainer, pl_module, collective=True)
+        if self.twin is not None:  # the bare twin's steps against this rank's plain steps, read by now
+            plain = [x for x in self.summary.per_step.get("step_ms", []) if x is not None]
+            self.summary.header["interleaved_bare"] = self.twin.figures(plain)
         if trainer.global_rank != self.report_rank:
             return
         self.summary.write(complete=True)  # before the logger is finalised: a wandb failure loses nothing

@@ -74,7 +74,7 @@ def _init_world(run) -> None:
                                 timeout=datetime.timedelta(seconds=run.timeout_s))
 
 
-def _wrap(model, run, device):
+def wrap_for_training(model, run, device):
     """(what the step calls, the optimizer): DDP with the project's comm hook (as flux_cp.strategies.DDPWithHook),
     ZeRO's optimizer, or FSDP2 over all ranks (as Lightning's ModelParallelStrategy)."""
     if run.weights == "fsdp":
@@ -119,7 +119,7 @@ def _run(cfg: BenchConfig, report) -> int:
     dtype = DTYPES[run.precision]
     model = build_model(cfg).to(device, dtype)  # fp32 init, then the run's precision (Lightning's plugin does the same)
     mesh = build_mesh(device.type, run.dp, run.cp_degree)
-    fwd, opt = _wrap(model, run, device)
+    fwd, opt = wrap_for_training(model, run, device)
     ledger = CommLedger.get() if run.ledger else None
     timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=ledger)  # one event pair per step
     step = FluxStep(cfg, model, device, mesh["cp"] if mesh is not None else None, timer)

@@ -82,6 +82,12 @@ def resolve(
                           f"--simulate-world W for a rank of W); drop it to run {run.devices} processes")
     if run.sigterm_every < 1:
         raise ConfigError(f"--sigterm-every {run.sigterm_every}: a number of steps >= 1 (1: Lightning's every step)")
+    if run.interleave_bare < 0 or (run.interleave_bare and run.interleave_bare < 2):
+        raise ConfigError(f"--interleave-bare {run.interleave_bare}: 0 (off) or blocks of >= 2 steps (a block's "
+                          "first step is left out)")
+    if run.interleave_bare and (run.harness != "lightning" or run.weights == "fsdp"):
+        raise ConfigError(f"--interleave-bare {run.interleave_bare}: a bare twin inside a Lightning run of DDP or "
+                          f"ZeRO weights (not --harness {run.harness} --weights {run.weights}; drop it)")
     if run.zero_bucket_view and run.weights != "zero":
         raise ConfigError(f"--zero-bucket-view true: ZeRO's flat parameter buffers need --weights zero (not "
                           f"{run.weights}; or drop --zero-bucket-view)")

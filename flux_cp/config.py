@@ -96,6 +96,9 @@ class RunConfig:
     # Lightning 2.6 broadcasts a SIGTERM flag and reads it back (.item(): a host-device sync) before every step at
     # W > 1 (its PR 20825); here every N steps, as its PR 21640 proposes. 1: stock Lightning
     sigterm_every: int = 100
+    # > 0 (Lightning harness): a bare twin of the model trains N bare steps after every N measured Lightning steps in
+    # this process, so both harnesses' steps see the same host within seconds (callbacks/twin.py)
+    interleave_bare: int = 0
     # an emulated slower host: this process pinned to one core shared with K - 1 busy loops (flux_cp/hostload.py)
     host_slowdown: int = 1
     output: str | None = None  # run folder; default: a new runs/<run_name>/<time> (runs/<run_name>/latest points at it)
@@ -167,7 +170,7 @@ class BenchConfig:
 RUN_GROUPS = {
     "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "rotate", "sdpa_backend", "split_conditioning",
                     "simulate_world", "simulate_rank"),
-    "Harness": ("harness", "loader", "num_workers", "sigterm_every"),
+    "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",
                              "gc_every"),

@@ -90,6 +90,7 @@ def train(cfg) -> int:
     import lightning as L
 
     from callbacks import (
+        BareTwinCallback,
         FaultInjectionCallback,
         GcScheduleCallback,
         GuardCallback,
@@ -151,6 +152,8 @@ def train(cfg) -> int:
         callbacks.insert(0, SyncDebugCallback(timing, run.warmup_steps + profile_steps))
     if run.gc_every:
         callbacks.append(GcScheduleCallback(run.gc_every))
+    if run.interleave_bare:  # after the timing callback: a twin block runs once the Lightning step is closed
+        callbacks.append(BareTwinCallback(cfg, run.interleave_bare, timing))
     if fault := FaultInjectionCallback.from_env():  # tests only (FLUX_CP_FAULT)
         callbacks.append(fault)
     if run.profile:

@@ -152,3 +152,25 @@ def test_ledger_off_records_nothing_and_the_report_prices_the_shapes(tmp_path):
     rows = [row for c in build(tmp_path, cpu_link=links.flat(100)).configs for row in c.rows if row.W == 2]
     assert len(rows) == 2 and all(not row.a["comm_source"].startswith("ledger") for row in rows)
     assert all(row.a["prediction"]["kv_ms"] > 0 and row.a["prediction"]["grad_ms"] > 0 for row in rows)
+
+
+def test_an_interleaved_bare_twin_leaves_training_alone_and_reports_its_steps(single_process, tmp_path):
+    """--interleave-bare 3 over real gloo ranks: a bare twin trains 3 steps after every 3 measured Lightning steps; the
+    Lightning run still trains exactly as one process (fp64, 10 steps), and summary.json holds the twin's steps (a
+    block's first left out) and Lightning's overhead over them with its interval."""
+    from .conftest import exact_run
+
+    got = exact_run(tmp_path, "--devices", 2, "--cp", "allgather-kv", "--interleave-bare", 3)
+    assert_exact(got, single_process(1), rtol=1e-12)
+    tw = got["summary"]["interleaved_bare"]
+    assert tw["every"] == 3 and tw["steps"] == 3 * 2 and len(tw["step_ms"]) == 6 and min(tw["step_ms"]) > 0
+    lo, hi = tw["ci95_pct"]
+    assert tw["lightning_steps"] >= 5 and lo <= tw["overhead_pct"] <= hi
+    from flux_cp.report import build
+    from flux_cp.report import write as write_report
+
+    report = build(tmp_path)
+    (g,) = report.harness["interleaved"]
+    assert (g["W"], g["every"], g["steps"]) == (2, 3, [tw["lightning_steps"], 6]) and g["ci95_pct"] == [lo, hi]
+    md = write_report(report, tmp_path / "report")["md"].read_text()
+    assert f"W=2: {tw['overhead_pct']:+.1f}% (95% interval {lo:+.1f}% to {hi:+.1f}%" in md

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from flux_cp.links import LinkProfile, for_world
 from flux_cp.predict import approximate_ledger, predict, predict_ledger
+from flux_cp.results import pooled_overhead
 
 from .runs import (
     COMPUTE,
@@ -244,25 +245,25 @@ def harness_overhead(configs: list[Config], runs: list[Run]) -> dict:
     unmatched = sorted(({"run": r.name, "path": str(r.path), "W": r.W} for rs in bare.values() for r in rs
                         if r.path not in used), key=lambda x: x["path"])
     return {"target_pct": HARNESS_TARGET_PCT, "rows": rows, "unmatched_bare": unmatched,
-            "repeats": harness_repeats(runs, bare)}
+            "repeats": harness_repeats(runs, bare), "interleaved": harness_interleaved(runs)}
+
+
+def harness_interleaved(runs: list[Run]) -> list[dict]:
+    """Lightning runs with a bare twin inside them (--interleave-bare: callbacks/twin.py): their steps and the twin's
+    saw the same host within seconds, so their interval is the harness's, not the host's."""
+    out = []
+    for r in runs:
+        tw = r.d.get("interleaved_bare") or {}
+        if r.d["mode"] == "train" and "ci95_pct" in tw:
+            out.append({"run": str(r.path), "strategy": strategy_label(r.d), "W": r.W, "every": tw["every"],
+                        "steps": [tw["lightning_steps"], tw["steps"]], "overhead_pct": tw["overhead_pct"],
+                        "ci95_pct": tw["ci95_pct"], "verdict": _pooled_verdict(tw["ci95_pct"])})
+    return sorted(out, key=lambda x: (x["strategy"], x["W"], x["run"]))
 
 
 def _measured_steps(run: Run) -> list[float]:
     """The run's measured step_ms values (summary.json per_step: plain steps; the others are None)."""
     return [x for x in (run.d.get("per_step") or {}).get("step_ms", []) if x is not None]
-
-
-def pooled_overhead(lit: list[float], bare: list[float], resamples: int = 2000) -> tuple[float, list[float]]:
-    """Lightning's step median over the bare loop's, in %, with every measured step of a group's runs pooled per
-    harness, and its 95% bootstrap interval (both sides resampled; a fixed seed: the report is reproducible)."""
-    import random
-
-    rng = random.Random(0)
-    med = statistics.median
-    est = 100 * (med(lit) / med(bare) - 1)
-    boot = sorted(100 * (med(rng.choices(lit, k=len(lit))) / med(rng.choices(bare, k=len(bare))) - 1)
-                  for _ in range(resamples))
-    return est, [boot[int(0.025 * resamples)], boot[int(0.975 * resamples) - 1]]
 
 
 def _pooled_verdict(ci: list[float]) -> str:

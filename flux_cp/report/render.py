@@ -131,7 +131,7 @@ def _pooled(g: dict, target: float) -> str:
 def harness_md(report: Report) -> list[str]:
     """The section, when there are bare-loop runs: the table, then the bare runs no Lightning row matched."""
     h = report.harness
-    if not h or not (h["rows"] or h["unmatched_bare"]):
+    if not h or not (h["rows"] or h["unmatched_bare"] or h.get("interleaved")):
         return []
     title, hdr, rows = harness_table(report)
     out = [f"## {title}", "",
@@ -147,6 +147,11 @@ def harness_md(report: Report) -> list[str]:
             f"(range {g['overhead_pct_range'][0]:+.1f}% to {g['overhead_pct_range'][1]:+.1f}%), "
             f"{'within' if g['within_target'] else 'over'} {h['target_pct']:g}%" + _pooled(g, h["target_pct"])
             for g in h["repeats"]) + ".", ""]
+    if h.get("interleaved"):  # a bare twin inside the Lightning run: both on the same host within seconds
+        out += ["Interleaved twins (`--interleave-bare`: bare steps in blocks between the Lightning steps of one run): "
+                + "; ".join(f"{g['strategy']} W={g['W']}: {g['overhead_pct']:+.1f}% (95% interval "
+                            f"{g['ci95_pct'][0]:+.1f}% to {g['ci95_pct'][1]:+.1f}%, {g['steps'][0]} Lightning and "
+                            f"{g['steps'][1]} bare steps): {g['verdict']}" for g in h["interleaved"]) + ".", ""]
     if bare := h["unmatched_bare"]:  # recipe and regime suites run the bare loop alone: name a few, count the rest
         more = f", and {len(bare) - 5} more (report.json: harness.unmatched_bare)" if len(bare) > 6 else ""
         out += [f"Bare runs with no Lightning twin among the rows ({len(bare)}): " + ", ".join(
