@@ -9,7 +9,8 @@ measured Lightning steps, on the batch Lightning just used, one event pair per s
 loop. Both harnesses' steps then see the same host within seconds. A block's first step starts behind Lightning's
 last one and is left out. summary.json `interleaved_bare`: the twin's step_ms per step, and Lightning's plain-step
 median over the twin's with a 95% bootstrap interval. The twin trains its own copy: the Lightning run's losses are
-untouched. Its blocks run between Lightning steps, so the loop_ms / data_ms of a step before a block include it.
+untouched. Its blocks run between Lightning steps, so the loop_ms / data_ms of a step before a block include it,
+and its copy of the model and optimizer state is in the run's peak memory (summary.json `memory`).
 """
 
 import torch
@@ -20,7 +21,7 @@ from flux_cp.data import DTYPES
 from flux_cp.ledger import CommLedger
 from flux_cp.results import pooled_overhead
 from flux_cp.step import FluxStep, build_model, default_dtype
-from flux_cp.timing import StepTimer
+from flux_cp.timing import StepTimer, sync_allowed
 
 
 class BareTwinCallback(Callback):
@@ -53,7 +54,8 @@ class BareTwinCallback(Callback):
     def figures(self, lightning_step_ms: list[float]) -> dict:
         """summary.json `interleaved_bare`, after the loop (the timing callback calls it once it has read its steps)."""
         timer = self._twin[3] if self._twin else None
-        twin = [timer.read(rec, wait=True)["step_ms"] for i, rec in self._records if i > 0] if timer else []
+        with sync_allowed(bool(timer and timer.cuda)):  # after the loop: a wait here stalls nothing
+            twin = [timer.read(rec, wait=True)["step_ms"] for i, rec in self._records if i > 0] if timer else []
         out = {"every": self.every, "steps": len(twin), "step_ms": twin}
         if twin and lightning_step_ms:
             est, ci = pooled_overhead(lightning_step_ms, twin)
