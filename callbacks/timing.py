@@ -74,6 +74,7 @@ class OpTimingCallback(Callback):
         max_pending: int = MAX_PENDING,
     ):
         self.summary = RunSummary(summary_path, header, warmup_steps + profile_steps)
+        self.summary.header["probe_hold_ms"] = []  # each idle probe's stream hold (CUDA)
         self.warmup_steps = warmup_steps
         self.skip = warmup_steps + profile_steps  # steps kept out of the statistics
         self.regions_every = regions_every
@@ -150,7 +151,6 @@ class OpTimingCallback(Callback):
         gc_ms = self._gc.take()  # collections since the last step started: in its loop period
         if self._ended is not None:
             self._ended["gc_ms"] = gc_ms
-        self.summary.header.setdefault("probe_hold_ms", [])
         if probe_ms:  # summary.json: each probe's hold (it must exceed the step's issue time, or busy reads as step)
             self.summary.header["probe_hold_ms"].append(round(probe_ms, 3))
         timer.start_step(regions=kind in ("timed", "warmup"), probe_ms=probe_ms)

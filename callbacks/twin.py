@@ -18,7 +18,7 @@ from lightning.pytorch import Callback
 
 from flux_cp.bare import wrap_for_training
 from flux_cp.data import DTYPES
-from flux_cp.ledger import CommLedger
+from flux_cp.ledger import ledger_for
 from flux_cp.results import pooled_overhead
 from flux_cp.step import FluxStep, build_model, default_dtype
 from flux_cp.timing import StepTimer, sync_allowed
@@ -37,7 +37,7 @@ class BareTwinCallback(Callback):
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             model = build_model(self.cfg).to(device, DTYPES[run.precision])
         fwd, opt = wrap_for_training(model, run, device)
-        timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=CommLedger.get() if run.ledger else None)
+        timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=ledger_for(run))
         cp_mesh = pl_module.mesh["cp"] if pl_module.mesh is not None else None
         self._twin = (fwd, opt, FluxStep(self.cfg, model, device, cp_mesh, timer), timer)
 
@@ -53,9 +53,11 @@ class BareTwinCallback(Callback):
 
     def figures(self, lightning_step_ms: list[float]) -> dict:
         """summary.json `interleaved_bare`, after the loop (the timing callback calls it once it has read its steps)."""
-        timer = self._twin[3] if self._twin else None
-        with sync_allowed(bool(timer and timer.cuda)):  # after the loop: a wait here stalls nothing
-            twin = [timer.read(rec, wait=True)["step_ms"] for i, rec in self._records if i > 0] if timer else []
+        twin = []
+        if self._twin is not None:
+            timer = self._twin[3]
+            with sync_allowed(timer.cuda):  # after the loop: a wait here stalls nothing
+                twin = [timer.read(rec, wait=True)["step_ms"] for i, rec in self._records if i > 0]
         out = {"every": self.every, "steps": len(twin), "step_ms": twin}
         if twin and lightning_step_ms:
             est, ci = pooled_overhead(lightning_step_ms, twin)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from flux_cp.config import BenchConfig
 from flux_cp.data import DTYPES, device_batches
 from flux_cp.failures import EXIT_CODES, error_kind, error_line, error_trace, kill_tree
-from flux_cp.ledger import CommLedger
+from flux_cp.ledger import ledger_for
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.model import num_params
 from flux_cp.results import (
@@ -120,8 +120,7 @@ def _run(cfg: BenchConfig, report) -> int:
     model = build_model(cfg).to(device, dtype)  # fp32 init, then the run's precision (Lightning's plugin does the same)
     mesh = build_mesh(device.type, run.dp, run.cp_degree)
     fwd, opt = wrap_for_training(model, run, device)
-    ledger = CommLedger.get() if run.ledger else None
-    timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=ledger)  # one event pair per step
+    timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=ledger_for(run))  # one event pair per step
     step = FluxStep(cfg, model, device, mesh["cp"] if mesh is not None else None, timer)
     n = run.warmup_steps + run.steps
     batches = device_batches(data, cfg.model, n, rank // run.cp_degree, run.dp, dtype, device)

@@ -82,7 +82,7 @@ def resolve(
                           f"--simulate-world W for a rank of W); drop it to run {run.devices} processes")
     if run.sigterm_every < 1:
         raise ConfigError(f"--sigterm-every {run.sigterm_every}: a number of steps >= 1 (1: Lightning's every step)")
-    if run.interleave_bare < 0 or (run.interleave_bare and run.interleave_bare < 2):
+    if run.interleave_bare < 0 or run.interleave_bare == 1:
         raise ConfigError(f"--interleave-bare {run.interleave_bare}: 0 (off) or blocks of >= 2 steps (a block's "
                           "first step is left out)")
     if run.interleave_bare and (run.harness != "lightning" or run.weights == "fsdp"):

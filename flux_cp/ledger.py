@@ -273,6 +273,11 @@ class CommLedger:
         graph_cls.capture_begin, graph_cls.capture_end, graph_cls.replay = capture_begin, capture_end, replay_
 
 
+def ledger_for(run) -> "CommLedger | None":
+    """The process's ledger, or None where the run turns it off (--ledger false)."""
+    return CommLedger.get() if run.ledger else None
+
+
 def resolve(entries: list[dict], ms, t0) -> list[dict]:
     """Entries with their stamps as ms from the step's start (`ms(a, b)`: the clock's conversion)."""
     out = []

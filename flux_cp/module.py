@@ -14,7 +14,7 @@ import torch
 
 from flux_cp.config import BenchConfig
 from flux_cp.data import DTYPES, device_batches, make_loader
-from flux_cp.ledger import CommLedger, OpRecorder
+from flux_cp.ledger import OpRecorder, ledger_for
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.step import FluxStep, build_model
 from flux_cp.timing import StepTimer
@@ -75,7 +75,7 @@ class FluxCPModule(L.LightningModule):
         cp_mesh = self.mesh["cp"] if self.mesh is not None else None
         # Op regions would split a compiled graph (graph breaks change what is measured): off under --compile.
         self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing and not run.compile,
-                               ledger=CommLedger.get() if run.ledger else None)
+                               ledger=ledger_for(run))
         self.step = FluxStep(self.cfg, self.model, self.device, cp_mesh, self.timer)
 
     # Host clock stamps around Lightning's copy of the batch to the device (the timing callback's data_ms, transfer_ms)

@@ -12,6 +12,7 @@ import socket
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 SCHEMA = 1
@@ -302,7 +303,8 @@ class RunSummary:
             # a typical step's: the totals most steps share (a one-off, e.g. Lightning's object broadcast in the first
             # measured step, stays in the ledger only)
             per = [json.dumps(totals(s["collectives"]), sort_keys=True) for s in self.ledger]
-            d["comm"] = {"per_step": json.loads(max(per[::-1], key=per.count))}
+            counts = Counter(per)  # ties: the latest step's
+            d["comm"] = {"per_step": json.loads(max(reversed(per), key=counts.__getitem__))}
             # every step's collectives (hundreds of KB under ZeRO) in the final write, or a failed run's: the
             # flushes while measuring are host time between steps
             if complete or "error" in d:

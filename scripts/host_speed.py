@@ -4,7 +4,8 @@
     taskset -c 3 python scripts/host_speed.py           # pinned to one core: is a slow spell a core's or the host's?
 
 On the H200 machines lent here host_op_us was bimodal (~2.8 or ~5.2 us) within one call, and a host-bound step moved
-with it: one line per sample, then the median, min, max and the share of samples over 1.4 x the fastest.
+with it. Prints one JSON line: the cores allowed, the median, min and max, the share of samples over 1.4 x the
+fastest, and the samples.
 """
 
 import argparse
