@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A device call: named benchmark suites (configs/suites/<suite>.yaml), all in one scripts/sweep.py process (imports
-# once; each run in that process, --in-process), each into its own results folder, then the GPU tests if named.
+# once; each run in that process, --in-process), each into its own results folder, and the GPU tests if named.
 # Nothing here is a benchmark of its own: suites are.
-#   OUT=/some/dir scripts/gpu_session.sh [tests] SUITE...    e.g.  tests flux_w1 flux_sim_eager
+#   OUT=/some/dir scripts/gpu_session.sh [tests] SUITE... [tests]   e.g.  tests flux_w1 flux_sim_eager
+#   (tests named first run first; named after a suite, they run after the suites)
 #   -> $OUT/session.log, $OUT/suites.tar.gz (<suite>/sweep.json, one folder per run: summary.json, train_bench.log)
 set -u
 if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
@@ -12,10 +13,13 @@ fi
 OUT=${OUT:-runs/gpu_session}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_SILENT=true
 log() { echo "== $(date -u +%FT%TZ) $*"; }
-suites=(); files=(); tests=0
+suites=(); files=(); tests=0; tests_first=0
 for s in "$@"; do
-  if [ "$s" = tests ]; then tests=1; else suites+=("$s"); files+=("configs/suites/$s.yaml"); fi
+  if [ "$s" = tests ]; then tests=1; [ ${#suites[@]} -eq 0 ] && tests_first=1
+  else suites+=("$s"); files+=("configs/suites/$s.yaml"); fi
 done
+# The GPU tests are mostly train_bench subprocesses (~15 s of imports each): 4 xdist workers share the one GPU.
+run_tests() { log "pytest -m gpu"; python3 -m pytest -m gpu -q -p no:cacheprovider -n "${GPU_TEST_WORKERS:-4}" tests/ 2>&1 | tail -15; }
 # The device returns flat files only, and a call cut at its limit returns what $OUT holds: keep a tarball fresh.
 (while sleep 30; do tar czf "$OUT/partial.tar.gz.tmp" -C "$OUT" --exclude=wandb --exclude='*.tar.gz*' . 2>/dev/null \
   && mv "$OUT/partial.tar.gz.tmp" "$OUT/partial.tar.gz"; done) &
@@ -25,6 +29,7 @@ trap 'kill $saver 2>/dev/null' EXIT
   log device
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   python3 -c "import torch, lightning, diffusers; print('torch', torch.__version__, 'lightning', lightning.__version__, 'diffusers', diffusers.__version__)"
+  if [ $tests = 1 ] && [ $tests_first = 1 ]; then run_tests; fi  # "tests SUITE...": tests first
   if [ ${#suites[@]} -gt 0 ]; then
     log "suites ${suites[*]}"
     python3 scripts/sweep.py "${files[@]}" --output-root "$OUT" --in-process 2>&1 \
@@ -32,8 +37,6 @@ trap 'kill $saver 2>/dev/null' EXIT
     # one file: the device returns few, flat files
     (cd "$OUT" && tar czf suites.tar.gz --exclude=wandb "${suites[@]}" && rm -f partial.tar.gz)
   fi
-  if [ $tests = 1 ]; then
-    log "pytest -m gpu"; python3 -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tail -15
-  fi
+  if [ $tests = 1 ] && [ $tests_first = 0 ]; then run_tests; fi
   log done
 } 2>&1 | tee -a "$OUT/session.log"
