@@ -18,8 +18,13 @@ for s in "$@"; do
   if [ "$s" = tests ]; then tests=1; [ ${#suites[@]} -eq 0 ] && tests_first=1
   else suites+=("$s"); files+=("configs/suites/$s.yaml"); fi
 done
-# The GPU tests are mostly train_bench subprocesses (~15 s of imports each): 4 xdist workers share the one GPU.
-run_tests() { log "pytest -m gpu"; python3 -m pytest -m gpu -q -p no:cacheprovider -n "${GPU_TEST_WORKERS:-4}" tests/ 2>&1 | tail -15; }
+# The GPU tests are mostly train_bench subprocesses (~15 s of imports each): 4 xdist workers share the one GPU; those
+# that time kernels against a plain script (marked exclusive: a neighbour's kernels moved one 33%) run alone after.
+run_tests() {
+  log "pytest -m gpu"
+  python3 -m pytest -m "gpu and not exclusive" -q -p no:cacheprovider -n "${GPU_TEST_WORKERS:-4}" tests/ 2>&1 | tail -15
+  python3 -m pytest -m "gpu and exclusive" -q -p no:cacheprovider tests/ 2>&1 | tail -8
+}
 # The device returns flat files only, and a call cut at its limit returns what $OUT holds: keep a tarball fresh.
 (while sleep 30; do tar czf "$OUT/partial.tar.gz.tmp" -C "$OUT" --exclude=wandb --exclude='*.tar.gz*' . 2>/dev/null \
   && mv "$OUT/partial.tar.gz.tmp" "$OUT/partial.tar.gz"; done) &

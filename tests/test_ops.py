@@ -88,6 +88,7 @@ def test_bad_ops_input_is_one_line_and_exit_2(tmp_path, args, message):
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive
 def test_plain_sdpa_matches_a_plain_torch_script():
     """opbench's corrected timing of a plain SDPA call agrees with scripts/plain_sdpa_timing.py."""
     if not torch.cuda.is_available():
