@@ -27,9 +27,10 @@ step 8-24% longer than its bare twin at W = 4 and 8 (docs/results/2026-12-03-h20
   the step: reading finished steps, logging). A step's loop_ms is its
   host_ms + after_ms and the next step's data_ms + transfer_ms + prologue_ms: the host's whole period;
   gc_ms is the part of that period Python's garbage collector took (wherever it struck);
-- "timed" (every --regions-every'th measured step, with --timing): op regions on -> sdpa_*/qkv_gemm_*, and the
-  step itself as step_timed_ms / host_timed_ms / loop_timed_ms (timing_overhead_pct: the regions' cost, in one
-  process); with --regions-every 1 every step is timed and gives step_ms;
+- "timed" (every --regions-every'th measured step, with --timing or the ledger): op regions on -> sdpa_*/qkv_gemm_*,
+  the ledger records the step's collectives (flux_cp/ledger.py: its kernels are registered in these steps only),
+  and the step itself as step_timed_ms / host_timed_ms / loop_timed_ms (timing_overhead_pct: the instruments' cost,
+  in one process); with --regions-every 1 every step is timed and gives step_ms;
 - "probe" (CUDA, every --idle-probe-every'th step): the host runs ahead of the device ->
   device_busy_ms, from which summary.json's device idle fraction comes. A probe leaves the device a
   backlog (the spin, then the step's kernels) that a host-bound loop drains by only host - busy ms a
@@ -53,7 +54,7 @@ from lightning.pytorch import Callback
 from flux_cp.failures import error_kind, error_line, error_trace
 from flux_cp.results import RunSummary, gather_row, host_op_us, peak_memory, reset_peak_memory, run_start_time
 from flux_cp.simulate import is_fake
-from flux_cp.timing import GcClock, spin_cycles_per_ms, sync_allowed
+from flux_cp.timing import GcClock, instrumented, spin_cycles_per_ms, sync_allowed, timed_names
 
 # The parts of a step's loop period (loop_ms) kept in its step record; see the module docstring.
 LOOP_PARTS = ("data_ms", "transfer_ms", "prologue_ms", "after_ms", "gc_ms")
@@ -94,7 +95,6 @@ class OpTimingCallback(Callback):
         self._reads = {"in_loop": 0, "after_loop": 0, "waited_in_loop": 0, "probe_drains": 0}
         self._kinds: dict[str, int] = {}  # measured steps read, by kind (summary.json step_kinds)
         self._in_loop = False
-        self._regions = False  # the run times op regions (--timing)
         self.wall: dict[str, float] = {}  # epoch seconds: the run's start, first step, warm-up end, last step end
         self._group = None  # gloo group for the gather after the loop (None: one rank)
         self._t0 = 0.0
@@ -104,16 +104,17 @@ class OpTimingCallback(Callback):
         self._gc = GcClock()  # Python's collections: gc_ms, the part of a step's loop_ms spent in them
         self.twin = None  # callbacks/twin.py's BareTwinCallback, when --interleave-bare is on
 
-    def step_kind(self, batch_idx: int, cuda: bool, timing: bool) -> str:
+    def step_kind(self, batch_idx: int, cuda: bool, instruments: bool) -> str:
+        """instruments: the run has op regions (--timing) or a ledger; they run in warm-up and "timed" steps."""
         j = batch_idx - self.skip  # index among measured steps
-        if j < 0:  # warm-up (and profiled steps): regions on, so that any recompilation they cause happens here
-            return "warmup" if timing else "plain"
+        if j < 0:  # warm-up (and profiled steps): instruments on, so that any recompilation or CUDA graph capture
+            return "warmup" if instruments else "plain"  # they cause happens here (the ledger learns captures)
         every = self.idle_probe_every
         if cuda and every and j % every == every - 1:
             return "probe"
         if cuda and every and j >= every and j % every == 0:
             return "settle"
-        if timing and (j - 1) % self.regions_every == 0:  # steps 1, 1 + N, ...: never a settle step's slot
+        if instruments and instrumented(j, self.regions_every):
             return "timed"
         return "plain"
 
@@ -131,14 +132,13 @@ class OpTimingCallback(Callback):
         reset_peak_memory(pl_module.timer.cuda)  # the model, optimizer state and batches are in place by now
         self._t0 = time.perf_counter()
         self.wall = {"run": run_start_time(), "start": time.time()}
-        self._regions = pl_module.timer.enabled
         if trainer.global_rank == self.report_rank:  # on disk before any step: what ran, should the process be killed
             self.summary.write(complete=False)
         self._in_loop = True
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         timer = pl_module.timer
-        kind = self._kind = self.step_kind(batch_idx, timer.cuda, timer.enabled)
+        kind = self._kind = self.step_kind(batch_idx, timer.cuda, timer.enabled or timer.ledger is not None)
         probe_ms = 1.5 * self._host_ms + 2.0 if kind == "probe" else 0.0  # longer than the host needs to issue
         # The host's time between the last step's hooks and this one: the loader's next batch, then Lightning's
         # copy to the device (the module stamps both hooks), as torchtitan's data_loading time.
@@ -153,7 +153,8 @@ class OpTimingCallback(Callback):
             self._ended["gc_ms"] = gc_ms
         if probe_ms:  # summary.json: each probe's hold (it must exceed the step's issue time, or busy reads as step)
             self.summary.header["probe_hold_ms"].append(round(probe_ms, 3))
-        timer.start_step(regions=kind in ("timed", "warmup"), probe_ms=probe_ms)
+        on = kind in ("timed", "warmup")  # the instruments: op regions (--timing) and the ledger
+        timer.start_step(regions=on, probe_ms=probe_ms, comm=on)
         self._host0[batch_idx] = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -239,9 +240,8 @@ class OpTimingCallback(Callback):
             return {"device_busy_ms": local["step_ms"]}
         if kind == "settle":
             return {"step_after_probe_ms": local["step_ms"]}
-        if kind == "timed" and self.regions_every > 1:  # plain steps give step_ms
-            timed = ("step_ms", "host_ms", "loop_ms")
-            return {(f"{k[:-3]}_timed_ms" if k in timed else k): v for k, v in local.items()}
+        if kind == "timed":  # plain steps give step_ms
+            return timed_names(local, self.regions_every)
         return local
 
     def _finish_reads(self, trainer, pl_module, collective: bool) -> None:

@@ -5,8 +5,8 @@ H200 machines lent here are KVM guests whose single-thread speed moved 3.2-6.9 u
 five interleaved pairs per cell gave 95% intervals 7-15 points wide at W >= 2 (docs/results/2026-12-04-h200-harness.md).
 Here a second copy of the model, set up as the bare loop sets up its own (flux_cp.bare.wrap_for_training: DDP with
 the same comm hook, or ZeRO; the same strategy, compile setting and precision), trains N bare steps after every N
-measured Lightning steps, on the batch Lightning just used, one event pair per step, the ledger on as in the bare
-loop. Both harnesses' steps then see the same host within seconds. A block's first step starts behind Lightning's
+measured Lightning steps, on the batch Lightning just used, one event pair per step and no ledger, as the bare
+loop's plain steps. Both harnesses' steps then see the same host within seconds. A block's first step starts behind Lightning's
 last one and is left out. summary.json `interleaved_bare`: the twin's step_ms per step, and Lightning's plain-step
 median over the twin's with a 95% bootstrap interval. The twin trains its own copy: the Lightning run's losses are
 untouched. Its blocks run between Lightning steps, so the loop_ms / data_ms of a step before a block include it,
@@ -18,7 +18,6 @@ from lightning.pytorch import Callback
 
 from flux_cp.bare import wrap_for_training
 from flux_cp.data import DTYPES
-from flux_cp.ledger import ledger_for
 from flux_cp.results import pooled_overhead
 from flux_cp.step import FluxStep, build_model, default_dtype
 from flux_cp.timing import StepTimer, sync_allowed
@@ -37,7 +36,7 @@ class BareTwinCallback(Callback):
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             model = build_model(self.cfg).to(device, DTYPES[run.precision])
         fwd, opt = wrap_for_training(model, run, device)
-        timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=ledger_for(run))
+        timer = StepTimer(cuda=device.type == "cuda", enabled=False)  # plain bare steps: no ledger
         cp_mesh = pl_module.mesh["cp"] if pl_module.mesh is not None else None
         self._twin = (fwd, opt, FluxStep(self.cfg, model, device, cp_mesh, timer), timer)
 

@@ -5,7 +5,8 @@
 No Trainer, no callbacks, no loader: the model, CP strategy, weights mode (DDP with the same comm hook, ZeRO,
 FSDP2), precision, compile setting and (simulated) world are built as the Lightning run builds them, the same
 FluxStep (flux_cp/step.py) runs each step, every batch is made on the device before the loop, and each step
-records one pair of events (plus the ledger's stamps on collectives, as in the Lightning run). Nothing is read
+records one pair of events; the ledger records warm-up steps and every --regions-every'th measured step ("timed",
+out of step_ms), as the Lightning run's instrumented steps. Nothing is read
 until the loop ends. The Lightning run's step is held against this one (the report's harness overhead); their
 losses agree step for step. With --devices N this process is rank 0 and starts ranks 1..N-1 as copies of its
 own command line (as Lightning's launcher does): gloo on CPU, NCCL on GPUs.
@@ -39,7 +40,7 @@ from flux_cp.results import (
 )
 from flux_cp.simulate import allreduce_hook, init_fake_world
 from flux_cp.step import FluxStep, build_model, default_dtype, init_device
-from flux_cp.timing import StepTimer
+from flux_cp.timing import StepTimer, instrumented, timed_names
 
 
 def _launch_ranks(run, command: list[str]) -> list[subprocess.Popen]:
@@ -137,7 +138,7 @@ def _run(cfg: BenchConfig, report) -> int:
     try:
         with default_dtype(dtype):  # as Lightning's precision plugin around training_step
             for i, batch in enumerate(batches):
-                timer.start_step(regions=False)
+                timer.start_step(regions=False, comm=_ledger_step(i, run))
                 records.append(timer.end_step(step(fwd, opt, batch)))
                 if i + 1 == run.warmup_steps:
                     wall["warm"] = time.time()
@@ -149,13 +150,13 @@ def _run(cfg: BenchConfig, report) -> int:
             _save(rank, run, full_params(model), "params_final.pt")
     except BaseException as e:  # what was measured is kept: this rank's own figures, complete: false
         try:
-            _add_steps(summary, timer, records, None)
+            _add_steps(summary, timer, records, None, run)
         except Exception:  # a step that cannot be read (e.g. after a CUDA error): the earlier ones are in
             pass
         summary.record_error(rank, error_line(e), error_kind(e), {"seq_len": data.seq_len, "batch": data.batch_size,
                                                                   "world": run.world_size}, trace=error_trace(e))
         raise
-    _add_steps(summary, timer, records, gloo)
+    _add_steps(summary, timer, records, gloo, run)
     if dist.is_initialized():
         dist.destroy_process_group()
     if rank != (run.simulate_rank if run.simulate_world else 0):
@@ -169,24 +170,35 @@ def _run(cfg: BenchConfig, report) -> int:
     return 0
 
 
-def _add_steps(summary: RunSummary, timer: StepTimer, records: list[dict], gloo) -> None:
-    """Every step read (after the loop: waiting is allowed now), gathered over the ranks, into the summary."""
-    rows = []
+def _ledger_step(i: int, run) -> bool:
+    """Whether step i records the ledger: warm-up steps (a CUDA graph's capture among them) and the instrumented
+    measured steps, as the Lightning run's "timed" steps; the others are plain (flux_cp/ledger.py: why)."""
+    return i < run.warmup_steps or instrumented(i - run.warmup_steps, run.regions_every)
+
+
+def _add_steps(summary: RunSummary, timer: StepTimer, records: list[dict], gloo, run) -> None:
+    """Every step read (after the loop: waiting is allowed now), gathered over the ranks, into the summary. Steps
+    that recorded the ledger are "timed" (their figures *_timed_ms, out of step_ms), the rest "plain"."""
+    rows, kinds = [], {}
     for i, rec in enumerate(records):
         f = timer.read(rec, wait=True)
         if i + 1 < len(records):  # the host's period from this step's start to the next's
             f["loop_ms"] = (records[i + 1]["host0"] - rec["host0"]) * 1e3
-        rows.append(f)
-    for i, f in enumerate(rows):
+        kind = "timed" if i >= summary.warmup_steps and "comm" in f else "plain"
+        rows.append((kind, f))
+        if i >= summary.warmup_steps:
+            kinds[kind] = kinds.get(kind, 0) + 1
+    for i, (kind, f) in enumerate(rows):
         keys = [k for k in ("step_ms", "host_ms", "loop_ms") if k in f]
         every = gather_row([f[k] for k in keys] + [f["loss"]], gloo)  # same steps and keys on every rank: they pair
         vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()
-        summary.add_step(i, every[:, -1].mean().item(), dict(zip(keys, every[0, :-1].tolist())),
-                         dict(zip(keys, vmax)), dict(zip(keys, vmin)))
+        names = list(timed_names(dict.fromkeys(keys), run.regions_every)) if kind == "timed" else keys
+        summary.add_step(i, every[:, -1].mean().item(), dict(zip(names, every[0, :-1].tolist())),
+                         dict(zip(names, vmax)), dict(zip(names, vmin)))
         if "comm" in f:
-            summary.add_comm(i, "plain", f["step_ms"], f["comm"])
-    if measured := max(0, len(rows) - summary.warmup_steps):  # every measured step is plain here
-        summary.header["step_kinds"] = {"plain": measured}
+            summary.add_comm(i, kind, f["step_ms"], f["comm"])
+    if kinds:
+        summary.header["step_kinds"] = kinds
 
 
 def _save(rank: int, run, tensors: dict, name: str) -> None:

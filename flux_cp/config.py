@@ -106,11 +106,12 @@ class RunConfig:
     group: str = "adhoc"  # sweep id: one wandb dashboard per group
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"  # wandb run in <output>/wandb; online: synced
     timing: bool = True  # op regions (QKV GEMM, SDPA) inside the step
-    # every collective of a step recorded (flux_cp/ledger.py: ~20 us of host per collective on an H200's host, in
-    # both harnesses); false: none recorded, the report prices the collectives derived from the shapes instead
+    # every collective of the instrumented steps recorded (flux_cp/ledger.py: ~20-40 us of host per collective, in
+    # those steps only); false: none recorded, the report prices the collectives derived from the shapes instead
     ledger: bool = True
-    # op regions on every Nth measured step (1: all): the others give step_ms as the bare loop's steps, the timed ones
-    # step_timed_ms and the ops (timing_overhead_pct): at W >= 2 the regions' host time would otherwise be step time
+    # the instruments (op regions, the ledger) on every Nth measured step (1: all), in both harnesses: the others give
+    # step_ms, the instrumented ones step_timed_ms, the ops and the collectives (timing_overhead_pct: their cost); at
+    # W >= 2 the instruments' host time would otherwise be step time
     regions_every: int = 4
     idle_probe_every: int = 8  # CUDA: every Nth measured step lets the host run ahead -> device_busy_ms (0: off)
     profile: bool = False  # torch.profiler over profile_steps extra steps after warm-up: traces + kernel breakdown

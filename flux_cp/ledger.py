@@ -9,9 +9,12 @@ Where it listens: every collective of torch.distributed, whoever issues it (our 
 C++ reducer, FSDP2, ZeroRedundancyOptimizer, torch's ring through functional collectives), reaches a
 `c10d::` dispatcher op (ProcessGroup's methods call them so that collectives are traceable). A Python
 kernel registered at the BackendSelect key of those ops (and of the functional ones) records the call and
-redispatches below itself, to the backend's own kernel. Only collectives pay the Python call (~20 us each on a
-2-core CPU: scripts/ledger_cost.py);
-compute ops never see it, unlike a TorchDispatchMode such as CommDebugMode, which would add a Python call
+redispatches below itself, to the backend's own kernel. Only collectives pay the Python call (~20-40 us each on a
+2-core CPU, and as much while registered but not recording: scripts/ledger_cost.py), so the kernels are registered
+only while a step records (`start` .. `stop`, and a CUDA graph's capture) and removed in between: at W >= 2 the host
+sets the step's pace, and on an H200 a ledger in every step made the ring's step 7-26% longer
+(docs/results/2026-12-04b-h200-session.md); the harnesses record it in their instrumented steps only. Compute ops
+never see it, unlike a TorchDispatchMode such as CommDebugMode, which would add a Python call
 to every aten op of the step. The same kernels see a real group (gloo, NCCL) and torch's fake one, so a
 simulated rank's ledger is comparable entry by entry with a real rank's.
 
@@ -114,22 +117,31 @@ class CommLedger:
         self._local = threading.local()  # inside a collective's kernel: its inner c10d call is not counted twice
         self._capture = threading.local()  # the CUDA graph this thread is capturing (`graph`), if any
         self._graphs = weakref.WeakKeyDictionary()  # CUDAGraph -> the collectives it captured
-        self._libs = []
+        self._kernels = self._make_kernels()  # (namespace, op name, kernel): registered while recording
+        self._libs = []  # the registrations while attached
 
     @classmethod
     def get(cls) -> "CommLedger":
         if cls._instance is None:
             cls._instance = cls()
-            cls._instance._install()
+            cls._instance._watch_graphs()
         return cls._instance
 
     def start(self, clock) -> None:
         self._clock, self._entries, self._by_output = clock, [], {}
+        self._attach()
 
     def stop(self) -> list[dict]:
         entries, self._clock = self._entries, None
         self._by_output = {}
+        if getattr(self._capture, "graph", None) is None:  # a capture in progress still listens
+            self._detach()
         return entries
+
+    @property
+    def attached(self) -> bool:
+        """Whether its kernels are registered (every collective then pays a Python call)."""
+        return bool(self._libs)
 
     # ------------------------------------------------------------------ recording
 
@@ -227,24 +239,37 @@ class CommLedger:
 
         return kernel
 
-    def _install(self) -> None:
+    def _make_kernels(self) -> list[tuple[str, str, object]]:
         # Kept out of dynamo: a kernel called from a compiled region's Python (torch's ring under --compile) was
         # itself compiled, its CUDA event stamps with it (H200: "Both events must be recorded").
         nodynamo = torch.compiler.disable
-        lib = torch.library.Library("c10d", "IMPL")
+        out = []
         for name, (kind, size_arg) in _C10D.items():
             packet = getattr(torch.ops.c10d, name, None)
             if packet is not None:  # the set of c10d ops differs between torch releases
-                lib.impl(name, nodynamo(self._c10d_kernel(packet.default, kind, size_arg)), "BackendSelect")
-        flib = torch.library.Library("_c10d_functional", "IMPL")
+                out.append(("c10d", name, nodynamo(self._c10d_kernel(packet.default, kind, size_arg))))
         for name, (kind, gathers) in _FUNCOL.items():
             packet = getattr(torch.ops._c10d_functional, name, None)
             if packet is not None:
-                flib.impl(name, nodynamo(self._funcol_kernel(packet.default, kind, gathers)), "BackendSelect")
-        flib.impl("wait_tensor", nodynamo(self._wait_kernel(torch.ops._c10d_functional.wait_tensor.default)),
-                  "BackendSelect")
-        self._libs = [lib, flib]  # kept alive: a Library deregisters its kernels when collected
-        self._watch_graphs()
+                out.append(("_c10d_functional", name, nodynamo(self._funcol_kernel(packet.default, kind, gathers))))
+        wait = torch.ops._c10d_functional.wait_tensor.default
+        return out + [("_c10d_functional", "wait_tensor", nodynamo(self._wait_kernel(wait)))]
+
+    def _attach(self) -> None:
+        """Register the kernels (~0.3 ms on a 2-core CPU), once per recording stretch."""
+        if self._libs:
+            return
+        libs = {ns: torch.library.Library(ns, "IMPL") for ns in ("c10d", "_c10d_functional")}
+        for ns, name, kernel in self._kernels:
+            libs[ns].impl(name, kernel, "BackendSelect")
+        self._libs = list(libs.values())  # kept alive: a Library deregisters its kernels when collected
+
+    def _detach(self) -> None:
+        """Remove the kernels: collectives go straight to the backend again (Library._destroy: torch's own way to
+        drop a Library's registrations, private but the same in torch 2.11 and 2.13)."""
+        for lib in self._libs:
+            lib._destroy()
+        self._libs = []
 
     def _watch_graphs(self) -> None:
         """torch.cuda.CUDAGraph's capture and replay, wrapped once per process (cudagraph trees and torch.cuda.graph
@@ -258,6 +283,7 @@ class CommLedger:
         def capture_begin(graph, *args, **kwargs):
             ledger._graphs[graph] = []  # a graph captured again holds its new capture only
             capture.graph = graph
+            ledger._attach()  # a capture outside a recording step still learns its collectives
             return begin(graph, *args, **kwargs)
 
         def capture_end(graph):
@@ -265,6 +291,8 @@ class CommLedger:
                 return end(graph)
             finally:
                 capture.graph = None
+                if ledger._clock is None:
+                    ledger._detach()
 
         def replay_(graph):
             ledger._replayed(graph)
@@ -274,8 +302,11 @@ class CommLedger:
 
 
 def ledger_for(run) -> "CommLedger | None":
-    """The process's ledger, or None where the run turns it off (--ledger false)."""
-    return CommLedger.get() if run.ledger else None
+    """The process's ledger, or None where the run turns it off (--ledger false) or has no process group (nothing
+    to record: its steps then need no instrumented ones for it)."""
+    import torch.distributed as dist
+
+    return CommLedger.get() if run.ledger and dist.is_available() and dist.is_initialized() else None
 
 
 def resolve(entries: list[dict], ms, t0) -> list[dict]:

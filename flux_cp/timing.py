@@ -182,6 +182,19 @@ class _NoCall:
     exit = enter
 
 
+def instrumented(j: int, every: int) -> bool:
+    """Whether measured step j (from 0) carries the instruments, op regions and the ledger: steps 1, 1 + N, ...
+    (step 0 is the step after warm-up; the idle probe's settle steps fall on multiples of 8, never here)."""
+    return (j - 1) % every == 0
+
+
+def timed_names(figures: dict, every: int) -> dict:
+    """An instrumented step's own step/host/loop times renamed *_timed_ms, out of the plain steps' (every > 1)."""
+    if every <= 1:
+        return figures
+    return {(f"{k[:-3]}_timed_ms" if k in ("step_ms", "host_ms", "loop_ms") else k): v for k, v in figures.items()}
+
+
 class StepTimer:
     """Collects the regions of one step, plus the step's own start/end boundaries.
 
@@ -208,9 +221,10 @@ class StepTimer:
         self._calls.append(call)
         return call
 
-    def start_step(self, regions: bool = True, probe_ms: float = 0.0):
-        """Open a step. regions: time the op regions in it. probe_ms > 0 (CUDA): hold the stream that
-        long before the step's first boundary, so the host runs ahead and the step shows busy time."""
+    def start_step(self, regions: bool = True, probe_ms: float = 0.0, comm: bool = True):
+        """Open a step. regions: time the op regions in it. comm: the ledger (if any) records its collectives.
+        probe_ms > 0 (CUDA): hold the stream that long before the step's first boundary, so the host runs ahead and
+        the step shows busy time."""
         self.clock = self._free.pop() if self._free else _Clock(self.cuda)
         self.clock.reset()
         self._calls = []
@@ -218,8 +232,8 @@ class StepTimer:
         host0 = time.perf_counter()
         if probe_ms > 0 and self.cuda:
             hold_stream(probe_ms)
-        self._step = {"host0": host0, "dev0": self.clock.stamp(), "phases": {}}
-        if self.ledger is not None:
+        self._step = {"host0": host0, "dev0": self.clock.stamp(), "phases": {}, "comm_on": comm}
+        if self.ledger is not None and comm:
             self.ledger.start(self.clock)
 
     def mark(self, phase: str) -> None:
@@ -233,7 +247,7 @@ class StepTimer:
         memory right after the step's last boundary: a D2H copy is stream-ordered, so a later `.item()` on the
         device tensor would wait for every kernel issued since, draining the device at every step."""
         step = self._step | {"dev1": self.clock.stamp(), "calls": self._calls, "clock": self.clock}
-        if self.ledger is not None:
+        if step.pop("comm_on") and self.ledger is not None:
             step["comm"] = self.ledger.stop()
         if loss is not None:
             step["loss"] = loss.detach()

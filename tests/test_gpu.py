@@ -172,7 +172,8 @@ def test_whole_model_cuda_graphs_as_a_simulated_ulysses_rank(tmp_path, harness):
         assert proc.returncode == 0, (errors[0].read_text() if errors else "") + proc.stderr[-3000:]
         runs[name] = json.loads((out / "summary.json").read_text())
     d = runs["graphs"]
-    assert d["complete"] and d["compile"]["mode"] == "reduce-overhead" and d["metrics"]["step_ms"]["n"] == 4
+    assert d["complete"] and d["compile"]["mode"] == "reduce-overhead"
+    assert (d["metrics"]["step_ms"]["n"], d["metrics"]["step_timed_ms"]["n"]) == (3, 1)  # the ledger: step 1 of 0-3
     assert 0 < d["memory"]["allocated_gib"] <= d["memory"]["reserved_gib"]  # the rank's peak over the steps
     graphs, eager = d["comm"]["per_step"], runs["eager"]["comm"]["per_step"]
     assert {k: v["bytes"] for k, v in graphs.items()} == {k: v["bytes"] for k, v in eager.items()}

@@ -15,7 +15,8 @@ from flux_cp.results import validate
 from .conftest import TINY, bench
 from .wandb_records import run_info
 
-COMMON = ("--config", TINY, "--warmup-steps", 1, "--steps", 1, "--dump-ops", "true")
+# --regions-every 1: the one measured step is instrumented (the ledger records there only)
+COMMON = ("--config", TINY, "--warmup-steps", 1, "--steps", 1, "--dump-ops", "true", "--regions-every", 1)
 PAIRS = {  # name: (W, the run's settings): every strategy, weights mode and --split-conditioning, W = 2 and 4
     "ulysses-zero-splitcond": (2, ("--cp", "ulysses", "--weights", "zero", "--split-conditioning", "true")),
     "agkv-fsdp": (2, ("--cp", "allgather-kv", "--weights", "fsdp")),
@@ -118,7 +119,8 @@ def test_compiled_blocks_issue_the_eager_twins_collectives(tmp_path, cp):
     for kind and byte for byte, but for how DDP splits the same gradient bytes into buckets (it rebuilds them in the
     order gradients become ready, which compiled blocks change)."""
     common = ("--config", TINY, "--simulate-world", 2, "--cp", cp, "--weights", "zero", "--warmup-steps", 2,
-              "--steps", 2, "--harness", "bare", "--compile-backend", "aot_eager", "--wandb-mode", "disabled")
+              "--steps", 2, "--regions-every", 1, "--harness", "bare", "--compile-backend", "aot_eager",
+              "--wandb-mode", "disabled")  # --regions-every 1: the ledger in both measured steps
     with ThreadPoolExecutor(2) as pool:
         jobs = {c: pool.submit(bench, *common, "--compile", c, "--output", tmp_path / c) for c in ("false", "true")}
         for c, job in jobs.items():

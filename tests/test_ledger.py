@@ -1,0 +1,38 @@
+"""The ledger's dispatcher kernels are registered only while a step records: collectives between recording steps
+go straight to the backend (at W >= 2 the host sets the step's pace; a registered kernel costs a Python call per
+collective whether it records or not: scripts/ledger_cost.py)."""
+
+import torch
+import torch.distributed as dist
+
+from flux_cp.ledger import CommLedger
+from flux_cp.simulate import init_fake_world
+from flux_cp.timing import StepTimer
+
+
+def _ours(op: str) -> bool:
+    """Whether the op's BackendSelect kernel is the ledger's (registered from flux_cp/ledger.py)."""
+    return any("BackendSelect" in line and "flux_cp/ledger.py" in line
+               for line in torch._C._dispatch_dump(op).splitlines())
+
+
+def test_kernels_are_registered_only_while_a_step_records():
+    init_fake_world(2, 0)
+    try:
+        ledger = CommLedger.get()
+        timer = StepTimer(cuda=False, enabled=False, ledger=ledger)
+        x = torch.ones(8)
+        assert not ledger.attached and not _ours("c10d::allreduce_") and not _ours("_c10d_functional::wait_tensor")
+        kinds = []
+        for comm in (True, False, True):  # a recording step, a plain one, a recording one
+            timer.start_step(regions=False, comm=comm)
+            assert ledger.attached == comm == _ours("c10d::allreduce_") == _ours("_c10d_functional::wait_tensor")
+            dist.all_reduce(x)
+            dist.broadcast(x, 0)
+            step = timer.end_step(x.sum())
+            assert not ledger.attached and not _ours("c10d::allreduce_")
+            kinds.append([e["kind"] for e in step.get("comm", [])] if comm else "comm" in step)
+        assert kinds == [["all_reduce", "broadcast"], False, ["all_reduce", "broadcast"]]
+        dist.all_reduce(x)  # outside any step: runs, unrecorded
+    finally:
+        dist.destroy_process_group()
