@@ -175,7 +175,7 @@ RUN_GROUPS = {
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",
                              "gc_every"),
-    "Ledger": ("ledger",),  # not bookkeeping: it costs every step host time
+    "Ledger": ("ledger",),  # not bookkeeping: it costs its steps host time (and older runs' every step)
     "Compile": ("compile", "compile_mode", "compile_backend", "compile_scope"),
     "Op bench (--ops-only)": ("ops_only", "seq_lens", "seed_compat", "graph", "reps"),
     "Output": ("output", "overwrite", "group", "wandb_mode", "dump_grads", "dump_params", "dump_ops"),

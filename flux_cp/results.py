@@ -127,6 +127,9 @@ def train_header(cfg, params: int) -> dict:
                     "scope": run.compile_scope if run.compile else None},
         # regions would split compiled graphs: off under --compile; the bare loop has none
         "op_regions": run.timing and not run.compile and run.harness == "lightning",
+        # where the ledger records: the instrumented steps (every --regions-every'th, out of step_ms); summaries
+        # without this field recorded it in every step, its host time in step_ms (flux_cp/ledger.py)
+        "ledger_steps": "instrumented" if run.ledger else None,
     }
 
 

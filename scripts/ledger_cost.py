@@ -4,8 +4,10 @@
 
 One process as rank 0 of a W-rank job over torch's fake process group (collectives complete at once, so the
 figures are the host's dispatch path alone): torch's functional all-gather + wait_tensor (the ring's
-rotation) and a c10d all-reduce (DDP's buckets), bare, with the ledger's kernels installed but idle (outside
-a step), and recording. Best of 5 rounds. A simulated step's host time carries this cost once per collective.
+rotation) and a c10d all-reduce (DDP's buckets), bare, with the ledger's kernels registered but idle (what every
+step paid until they were registered in instrumented steps only), and recording. Best of 5 rounds. In a run, an
+instrumented step (out of step_ms) carries the recording cost once per collective; the H200 runs showed ~100-200 us
+per collective there (docs/results/2026-12-04b-h200-session.md), more than these calls alone.
 """
 
 import argparse
@@ -47,6 +49,7 @@ def main() -> None:
     cases = {"funcol all_gather + wait": funcol, "c10d all_reduce": c10d}
     rows = {name: [_best_us(fn, a.calls)] for name, fn in cases.items()}
     ledger = CommLedger.get()
+    ledger._attach()  # registered, not recording: as every step was before 2026-12-04
     for name, fn in cases.items():
         rows[name].append(_best_us(fn, a.calls))
     ledger.start(_Clock(cuda=False))  # a CPU step's clock, as StepTimer makes

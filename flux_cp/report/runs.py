@@ -190,7 +190,9 @@ def config_key(d: dict) -> dict:
         # part of their cost), and the user's W=1 step is plain SDPA with torch's own pick
         "sdpa_backend": run.get("sdpa_backend", "auto"),
         "timing": run.get("timing", True),
-        "ledger": run.get("ledger", True),  # its recording costs every step host time (~20 us a collective)
+        # recorded in every step (summaries before 2026-12-04 13:00: its host time in step_ms), in instrumented
+        # steps only (out of step_ms), or off: runs of different ledger placement do not pair
+        "ledger": (d.get("ledger_steps") or "every step") if run.get("ledger", True) else "off",
         # FSDP adds all-gathers / reduce-scatters; ZeRO-1 is DDP with a sharded optimizer (the strategy label
         # says so), identical at W=1, so its runs share DDP's baseline
         "weights": {"zero": "ddp"}.get(w := d.get("weights") or run.get("weights", "ddp"), w),
