@@ -38,7 +38,9 @@ def find_baseline(d: dict, roots: list[Path]) -> tuple[Path, dict] | None:
     a steady one (slowest step within UNSTEADY x the fastest) before any unsteady one, e.g. a cold machine's."""
     best: dict[str, tuple] = {}  # harness -> (steady, mtime, folder, summary)
     for root in roots:
-        for p in Path(root).rglob("summary.json"):
+        # runs/<name>/<time>/ and a sweep's or a parent folder's <run>/: two levels, not a walk of the whole tree
+        # (an --output under /tmp or $HOME made the verdict scan it: ~280k folders, 1-10 s at each run's end)
+        for p in (*Path(root).glob("*/summary.json"), *Path(root).glob("*/*/summary.json")):
             try:
                 b = json.loads(p.read_text())
                 ok = b.get("complete") and b.get("mode") == "train" and world(b) == 1 and b["cp"] == "none"

@@ -298,3 +298,13 @@ def test_the_twin_is_the_bare_run_of_the_lightning_runs_suite(tmp_path):
     rows = [r for r in build(tmp_path, user="allgather-kv").harness["rows"] if r["W"] == 2]
     assert len(rows) == 1 and "suite_a" in rows[0]["bare_run"] and rows[0]["other_bare_runs"] == 1
     assert rows[0]["overhead_pct"] == pytest.approx(100 * (60 / 55 - 1))
+
+
+def test_verdict_looks_two_levels_down_only(tmp_path):
+    """runs/<name>/<time>/summary.json is found; a baseline deeper down is not (an --output under /tmp or $HOME made
+    the verdict walk that whole tree at each run's end)."""
+    bare2 = summary(W2, "bare-w2", "bare")
+    put(tmp_path / "a" / "b", "bare-w1", summary(W1, "bare-w1", "bare"), age=1)  # three levels down
+    assert "no W=1 baseline" in verdict(bare2, tmp_path / "x", [tmp_path])[0]
+    found = put(tmp_path / "a", "bare-w1", summary(W1, "bare-w1", "bare"), age=1).parent  # two levels down
+    assert f"vs {found} (W=1)" in verdict(bare2, tmp_path / "x", [tmp_path])[0]
