@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -179,15 +180,12 @@ def _ledger_step(i: int, run) -> bool:
 def _add_steps(summary: RunSummary, timer: StepTimer, records: list[dict], gloo, run) -> None:
     """Every step read (after the loop: waiting is allowed now), gathered over the ranks, into the summary. Steps
     that recorded the ledger are "timed" (their figures *_timed_ms, out of step_ms), the rest "plain"."""
-    rows, kinds = [], {}
+    rows = []
     for i, rec in enumerate(records):
         f = timer.read(rec, wait=True)
         if i + 1 < len(records):  # the host's period from this step's start to the next's
             f["loop_ms"] = (records[i + 1]["host0"] - rec["host0"]) * 1e3
-        kind = "timed" if i >= summary.warmup_steps and "comm" in f else "plain"
-        rows.append((kind, f))
-        if i >= summary.warmup_steps:
-            kinds[kind] = kinds.get(kind, 0) + 1
+        rows.append(("timed" if i >= summary.warmup_steps and "comm" in f else "plain", f))
     for i, (kind, f) in enumerate(rows):
         keys = [k for k in ("step_ms", "host_ms", "loop_ms") if k in f]
         every = gather_row([f[k] for k in keys] + [f["loss"]], gloo)  # same steps and keys on every rank: they pair
@@ -197,8 +195,8 @@ def _add_steps(summary: RunSummary, timer: StepTimer, records: list[dict], gloo,
                          dict(zip(names, vmax)), dict(zip(names, vmin)))
         if "comm" in f:
             summary.add_comm(i, kind, f["step_ms"], f["comm"])
-    if kinds:
-        summary.header["step_kinds"] = kinds
+    if kinds := Counter(kind for kind, _ in rows[summary.warmup_steps:]):
+        summary.header["step_kinds"] = dict(kinds)
 
 
 def _save(rank: int, run, tensors: dict, name: str) -> None:

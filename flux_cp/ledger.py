@@ -34,6 +34,7 @@ import threading
 import weakref
 
 import torch
+import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
 
 # c10d op -> (kind, index of the argument whose tensors give the size)
@@ -304,8 +305,6 @@ class CommLedger:
 def ledger_for(run) -> "CommLedger | None":
     """The process's ledger, or None where the run turns it off (--ledger false) or has no process group (nothing
     to record: its steps then need no instrumented ones for it)."""
-    import torch.distributed as dist
-
     return CommLedger.get() if run.ledger and dist.is_available() and dist.is_initialized() else None
 
 

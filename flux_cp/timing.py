@@ -211,6 +211,7 @@ class StepTimer:
         self.enabled = enabled  # op regions; the step boundaries are always recorded
         self.annotate = False  # profiler ranges around the regions (set while profiling)
         self._regions_on = False  # this step's regions
+        self._comm_on = False  # this step's collectives recorded (a ledger, and the step asked for it)
         self._calls: list[_Call] = []
         self._step: dict = {}
 
@@ -232,8 +233,9 @@ class StepTimer:
         host0 = time.perf_counter()
         if probe_ms > 0 and self.cuda:
             hold_stream(probe_ms)
-        self._step = {"host0": host0, "dev0": self.clock.stamp(), "phases": {}, "comm_on": comm}
-        if self.ledger is not None and comm:
+        self._step = {"host0": host0, "dev0": self.clock.stamp(), "phases": {}}
+        self._comm_on = self.ledger is not None and comm
+        if self._comm_on:
             self.ledger.start(self.clock)
 
     def mark(self, phase: str) -> None:
@@ -247,7 +249,7 @@ class StepTimer:
         memory right after the step's last boundary: a D2H copy is stream-ordered, so a later `.item()` on the
         device tensor would wait for every kernel issued since, draining the device at every step."""
         step = self._step | {"dev1": self.clock.stamp(), "calls": self._calls, "clock": self.clock}
-        if step.pop("comm_on") and self.ledger is not None:
+        if self._comm_on:
             step["comm"] = self.ledger.stop()
         if loss is not None:
             step["loss"] = loss.detach()
@@ -255,7 +257,7 @@ class StepTimer:
                 step["loss"] = step["loss"].to("cpu", non_blocking=True)
                 step["ready"] = self.clock.stamp()  # the copy has landed once this event has
         step["host1"] = time.perf_counter()
-        self._step, self._calls, self._regions_on = {}, [], False
+        self._step, self._calls, self._regions_on, self._comm_on = {}, [], False, False
         return step
 
     def ready(self, step: dict) -> bool:

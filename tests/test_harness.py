@@ -64,7 +64,8 @@ def test_bare_w2_trains_as_the_lightning_run(runs, name):
     assert bare["summary"]["optimizer_params"] == lit["summary"]["optimizer_params"]  # rank 0's ZeRO share
     # the ledger in every 4th measured step (out of step_ms: timed) and warm-up; no op regions in the bare loop
     timed = {"step_timed_ms", "host_timed_ms", "loop_timed_ms"}
-    assert not bare["summary"]["op_regions"] and set(bare["summary"]["metrics"]) == {"step_ms", "host_ms", "loop_ms"} | timed
+    assert not bare["summary"]["op_regions"]
+    assert set(bare["summary"]["metrics"]) == {"step_ms", "host_ms", "loop_ms"} | timed
     kinds = bare["summary"]["step_kinds"]
     assert kinds["timed"] == len(bare["summary"]["comm"]["ledger"]) >= 1 and kinds["plain"] > kinds["timed"]
 
