@@ -12,6 +12,7 @@ losses agree step for step. With --devices N this process is rank 0 and starts r
 own command line (as Lightning's launcher does): gloo on CPU, NCCL on GPUs.
 """
 
+import contextlib
 import datetime
 import os
 import subprocess
@@ -88,7 +89,13 @@ def wrap_for_training(model, run, device):
         return model, build_optimizer(model, run, device)
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # --step-graph: DDP built on a side stream, as torch's CUDA graphs notes require for whole-network capture (its
+    # reducer otherwise works on the legacy default stream, which a capture on another stream cannot depend on)
+    stream = torch.cuda.Stream(device) if run.step_graph else None
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if stream is not None:
+        torch.cuda.current_stream(device).wait_stream(stream)  # its broadcast of the weights, before the first step
     ddp.register_comm_hook(None, allreduce_hook)
     return ddp, build_optimizer(model, run, device)
 

@@ -66,6 +66,8 @@ def resolve(
         raise ConfigError(
             f"--warmup-steps {run.warmup_steps}: --compile compiles (and may recompile) in warm-up; use >= 2"
         )
+    if run.step_graph:
+        _check_step_graph(run)
     if run.profile and run.profile_steps < 1:
         raise ConfigError(f"--profile-steps {run.profile_steps}: must be >= 1 (extra steps after warm-up)")
     if run.num_workers is None:
@@ -119,6 +121,28 @@ def resolve(
             f"by the CP degree {w} (pick a CP degree dividing {2 * model.hidden} and {3 * model.hidden}, or drop it)"
         )
     return cfg
+
+
+def _check_step_graph(run: RunConfig) -> None:
+    """--step-graph: what one CUDA graph of the whole step can hold (flux_cp/graphs.py)."""
+    why = None
+    if run.accelerator != "gpu":
+        why = "CUDA graphs need a GPU (drop --step-graph on CPU)"
+    elif run.compile and run.compile_mode == "reduce-overhead":
+        why = "reduce-overhead's own CUDA graphs cannot nest in it (use --compile-mode default, or drop --step-graph)"
+    elif run.harness != "bare":
+        # Lightning's DDP wrapper is built on the default stream (a capture failed there on the H200, 2026-12-04)
+        why = "the bare loop's step only for now: add --harness bare"
+    elif run.weights == "fsdp":
+        why = "FSDP2 frees and gathers its shards from the host each step (use --weights ddp or zero)"
+    elif run.warmup_steps < (need := 12 if run.world_size > 1 or run.cp == "torch" else 3):
+        # DDP times its first 10 iterations with events it reads on the host (its runtime logger): not in a capture
+        why = (f"--warmup-steps {run.warmup_steps}: it captures at the last warm-up step, after eager ones (compile "
+               f"compiles; DDP reads its first 10 iterations' timings on the host): use >= {need}")
+    elif run.interleave_bare:
+        why = "a replayed step is device bound: compare it with --harness bare runs (drop --interleave-bare)"
+    if why:
+        raise ConfigError(f"--step-graph: {why}")
 
 
 # Settings of the Lightning harness that the bare loop (one event pair per step, nothing else) has no use for

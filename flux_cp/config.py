@@ -123,6 +123,9 @@ class RunConfig:
     # blocks: each block on its own (torchtitan's way); model: one graph for the whole forward (and one CUDA graph
     # per pass under reduce-overhead), fewer host launches where the per-rank step is short
     compile_scope: Literal["blocks", "model"] = "blocks"
+    # CUDA: the whole step (forward, backward, gradient sync, optimizer) captured in one CUDA graph at the last warm-up
+    # step and replayed after it (flux_cp/graphs.py): the host issues a step in a few launches
+    step_graph: bool = False
     # the AdaLN modulation linears (conditioning vector -> shifts, scales, gates: a cost that does not shrink with
     # the tokens a rank holds) split over the CP group by output features, one all-gather each (flux_cp.parallel)
     split_conditioning: bool = False
@@ -176,7 +179,7 @@ RUN_GROUPS = {
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",
                              "gc_every"),
     "Ledger": ("ledger",),  # not bookkeeping: it costs its steps host time (and older runs' every step)
-    "Compile": ("compile", "compile_mode", "compile_backend", "compile_scope"),
+    "Compile": ("compile", "compile_mode", "compile_backend", "compile_scope", "step_graph"),
     "Op bench (--ops-only)": ("ops_only", "seq_lens", "seed_compat", "graph", "reps"),
     "Output": ("output", "overwrite", "group", "wandb_mode", "dump_grads", "dump_params", "dump_ops"),
 }

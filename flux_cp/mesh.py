@@ -50,13 +50,15 @@ def shard_weights(model: nn.Module, mesh) -> None:
 def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.Optimizer:
     """AdamW over what this rank updates: every parameter (ddp, fsdp: its shards), or its ZeRO share (zero)."""
     fused = device.type == "cuda"  # one kernel per parameter group on CUDA, so the step is not host bound
+    # --step-graph: the step count on the device, so that a replayed step advances it (flux_cp/graphs.py)
+    capturable = {"capturable": True} if run.step_graph else {}
     params = list(model.parameters())
     if run.weights == "zero" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=run.lr, fused=fused,
-                                       parameters_as_bucket_view=run.zero_bucket_view)
-    return torch.optim.AdamW(params, lr=run.lr, fused=fused)
+                                       parameters_as_bucket_view=run.zero_bucket_view, **capturable)
+    return torch.optim.AdamW(params, lr=run.lr, fused=fused, **capturable)
 
 
 def optimizer_numel(opt: torch.optim.Optimizer) -> int:

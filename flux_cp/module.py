@@ -73,8 +73,10 @@ class FluxCPModule(L.LightningModule):
     def on_fit_start(self):
         run = self.cfg.run
         cp_mesh = self.mesh["cp"] if self.mesh is not None else None
-        # Op regions would split a compiled graph (graph breaks change what is measured): off under --compile.
-        self.timer = StepTimer(cuda=self.device.type == "cuda", enabled=run.timing and not run.compile,
+        # Op regions would split a compiled graph (graph breaks change what is measured): off under --compile; a CUDA
+        # graph's replay has no regions to time (--step-graph).
+        self.timer = StepTimer(cuda=self.device.type == "cuda",
+                               enabled=run.timing and not (run.compile or run.step_graph),
                                ledger=ledger_for(run))
         self.step = FluxStep(self.cfg, self.model, self.device, cp_mesh, self.timer)
 

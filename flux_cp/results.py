@@ -125,6 +125,7 @@ def train_header(cfg, params: int) -> dict:
         "compile": {"enabled": run.compile, "mode": run.compile_mode if run.compile else None,
                     "backend": run.compile_backend if run.compile else None,
                     "scope": run.compile_scope if run.compile else None},
+        "step_graph": run.step_graph,  # the whole step replayed from one CUDA graph after warm-up (flux_cp/graphs.py)
         # regions would split compiled graphs: off under --compile; the bare loop has none
         "op_regions": run.timing and not run.compile and run.harness == "lightning",
         # where the ledger records: the instrumented steps (every --regions-every'th, out of step_ms); summaries

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from flux_cp.config import BenchConfig
 from flux_cp.data import DTYPES
+from flux_cp.graphs import StepGraph
 from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.parallel import apply_cp, make_strategy, shard, split_conditioning
 from flux_cp.timing import StepTimer
@@ -68,6 +69,8 @@ class FluxStep:
             split_conditioning(model, self.strategy)
         if run.compile:
             compile_model(model, run)
+        # --step-graph: eager through warm-up but its last step, which captures (flux_cp/graphs.py)
+        self.graph = StepGraph(eager_steps=run.warmup_steps - 1) if run.step_graph else None
         self.split = (rank, world)  # this rank's place in its CP group (a simulated rank's too: its fake group)
         # Each rank's RoPE angles: its own text and image tokens' positions, in [text, image] order.
         txt = shard(text_ids(data.text_tokens), 0, *self.split)
@@ -81,6 +84,11 @@ class FluxStep:
     def __call__(self, model, opt, batch: dict, backward=torch.Tensor.backward) -> torch.Tensor:
         """One optimizer step on this rank's shard of `batch`; returns the local loss (detached, on the device).
         model: what the forward calls (the DDP wrapper in the bare loop, the module itself under Lightning)."""
+        if self.graph is not None:
+            return self.graph(self._step, model, opt, batch, backward)
+        return self._step(model, opt, batch, backward)
+
+    def _step(self, model, opt, batch: dict, backward) -> torch.Tensor:
         # Before the forward: FSDP2 leaves the root unit unsharded after it, where a model.zero_grad would clear the
         # unsharded copies and the sharded grads (AdamW's) would sum over steps. ZeRO's param_groups hold every param.
         opt.zero_grad(set_to_none=True)

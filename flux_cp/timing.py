@@ -240,7 +240,8 @@ class StepTimer:
 
     def mark(self, phase: str) -> None:
         """A phase boundary of the step (forward_end, backward_end): where asynchronous collectives are consumed."""
-        if self._step:
+        # not inside a CUDA graph's capture (--step-graph): a timing event cannot be recorded there
+        if self._step and not (self.cuda and torch.cuda.is_current_stream_capturing()):
             self._step["phases"][phase] = self.clock.stamp()
 
     def end_step(self, loss: torch.Tensor | None = None) -> dict:

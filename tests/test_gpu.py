@@ -228,3 +228,35 @@ def test_bare_and_lightning_train_alike_on_cuda(tmp_path):
     # to its 2 ms floor on the H200 (2026-12-04 call 1) and busy read as the whole step.
     holds, host = lit["probe_hold_ms"], lit["metrics"]["host_ms"]["median"]
     assert len(holds) == 2 and min(holds) > host and lit["metrics"]["device_busy_ms"]["median"] < holds[0]
+
+
+@pytest.mark.parametrize("harness,cp", [("bare", "none"), ("bare", "torch")])
+def test_step_graph_trains_as_the_eager_step(tmp_path, harness, cp):
+    """--step-graph (issue 26): the whole step captured at the last warm-up step and replayed for 10 more trains
+    as the eager step does, fp32: with no process group (cp none), and with torch's ring at world size 1 over a
+    real NCCL group of one (DDP's reducer and its bucket all-reduce captured, AdamW's step count on the device)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    args = ("--harness", harness, "--cp", cp, "--precision", "32-true", "--steps", 10, "--warmup-steps", 12)
+    eager = _gpu_run(tmp_path / "eager", *args)
+    graph = _gpu_run(tmp_path / "graph", *args, "--step-graph", "true")
+    assert graph["complete"] and len(graph["loss"]) == len(eager["loss"]) == 22
+    torch.testing.assert_close(torch.tensor(graph["loss"]), torch.tensor(eager["loss"]), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("harness,compile_", [("bare", "false"), ("bare", "true")])
+def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_):
+    """--step-graph on issue 26's recipe, Ulysses + ZeRO as rank 0 of a 2-rank fake-group job (eager, and compiled
+    per block inside the graph): the run completes, and its instrumented steps' ledger holds what the graph
+    captured (the all-to-alls, ZeRO's broadcasts, DDP's all-reduces), the eager step's bytes."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    args = ("--harness", harness, "--cp", "ulysses", "--weights", "zero", "--simulate-world", 2, "--precision",
+            "bf16-true", "--steps", 4, "--warmup-steps", 12, "--compile", compile_)
+    graph = _gpu_run(tmp_path / "graph", *args, "--step-graph", "true")
+    eager = _gpu_run(tmp_path / "eager", *args)
+    assert graph["complete"] and (graph["metrics"]["step_ms"]["n"], graph["metrics"]["step_timed_ms"]["n"]) == (3, 1)
+    replayed = graph["comm"]["ledger"][-1]["collectives"]
+    assert replayed and all(e.get("graph") for e in replayed)
+    g, e = graph["comm"]["per_step"], eager["comm"]["per_step"]
+    assert {k: v["bytes"] for k, v in g.items()} == {k: v["bytes"] for k, v in e.items()}

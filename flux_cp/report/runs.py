@@ -184,8 +184,9 @@ def config_key(d: dict) -> dict:
         "seq_len": data["image_height"] * data["image_width"] + data["text_tokens"],
         "batch": data["batch_size"],
         "precision": run["precision"],
-        "compile": ((comp.get("mode") or "default") + ("" if comp.get("scope", "blocks") == "blocks" else
-                                                        f", {comp['scope']}")) if comp.get("enabled") else "off",
+        "compile": (((comp.get("mode") or "default") + ("" if comp.get("scope", "blocks") == "blocks" else
+                                                         f", {comp['scope']}")) if comp.get("enabled") else "off")
+        + (" + step graph" if d.get("step_graph") else ""),  # the whole step replayed from one CUDA graph
         # the setting, not the strategy's pick: the ring and allgather-kv pin flash under auto (a workaround that is
         # part of their cost), and the user's W=1 step is plain SDPA with torch's own pick
         "sdpa_backend": run.get("sdpa_backend", "auto"),
