@@ -23,8 +23,9 @@ all_reduce and broadcast = the tensor), group_size, async (false: the issuing st
 stream (the main compute stream or a side one, FSDP's), issue stamp and, for functional collectives, the
 stamp where their consumer waits (wait_tensor). flux_cp/predict.py prices them.
 
-CUDA graphs (torch.compile's reduce-overhead mode): a replay runs its captured collectives without calling the
-dispatcher, so the ledger keeps what each graph recorded while it was captured (not the step's: a capture moves
+CUDA graphs (torch.compile's reduce-overhead mode, --step-graph): a replay runs its captured collectives without
+calling the dispatcher, so the ledger keeps what each graph recorded while it was captured (whatever thread issued
+on its capture stream: a whole step's backward runs on autograd's; not the step's own entries: a capture moves
 nothing) and adds those entries at every replay of that graph in a step (`graph: true`), stamped at the replay's
 start and priced as exposed (`async: false`: inside a graph no stamp says where they end).
 """
@@ -116,7 +117,9 @@ class CommLedger:
         self._entries: list[dict] = []
         self._by_output: dict[int, dict] = {}  # functional collectives in flight: output data_ptr -> entry
         self._local = threading.local()  # inside a collective's kernel: its inner c10d call is not counted twice
-        self._capture = threading.local()  # the CUDA graph this thread is capturing (`graph`), if any
+        # CUDA graphs being captured, by capture stream: a whole-step capture (--step-graph) issues the backward's
+        # collectives from the autograd engine's thread, on the capture stream
+        self._capturing_on: dict[int, object] = {}
         self._graphs = weakref.WeakKeyDictionary()  # CUDAGraph -> the collectives it captured
         self._kernels = self._make_kernels()  # (namespace, op name, kernel): registered while recording
         self._libs = []  # the registrations while attached
@@ -135,7 +138,7 @@ class CommLedger:
     def stop(self) -> list[dict]:
         entries, self._clock = self._entries, None
         self._by_output = {}
-        if getattr(self._capture, "graph", None) is None:  # a capture in progress still listens
+        if not self._capturing_on:  # a capture in progress still listens
             self._detach()
         return entries
 
@@ -157,12 +160,13 @@ class CommLedger:
         return "compute" if torch.cuda.current_stream() == torch.cuda.default_stream() else "side"
 
     def _capturing(self):
-        """The CUDA graph this thread is capturing, or None."""
-        graph = getattr(self._capture, "graph", None)
-        return graph if graph is not None and torch.cuda.is_current_stream_capturing() else None
+        """The CUDA graph the current stream is capturing (whichever thread issues on it), or None."""
+        if not self._capturing_on or not torch.cuda.is_current_stream_capturing():
+            return None
+        return self._capturing_on.get(torch.cuda.current_stream().cuda_stream)
 
     def _listening(self) -> bool:
-        return self._clock is not None or getattr(self._capture, "graph", None) is not None
+        return self._clock is not None or bool(self._capturing_on)
 
     def _record(self, kind, nbytes, group_size, async_op) -> dict:
         e = {"kind": kind, "bytes": int(nbytes), "group_size": int(group_size), "async": bool(async_op),
@@ -279,11 +283,13 @@ class CommLedger:
         if graph_cls is None or not torch.cuda.is_available():
             return
         begin, end, replay = graph_cls.capture_begin, graph_cls.capture_end, graph_cls.replay
-        capture, ledger = self._capture, self
+        ledger, streams = self, {}  # graph -> its capture stream
 
         def capture_begin(graph, *args, **kwargs):
             ledger._graphs[graph] = []  # a graph captured again holds its new capture only
-            capture.graph = graph
+            # torch.cuda.graph and cudagraph trees begin a capture on the stream they capture
+            streams[graph] = torch.cuda.current_stream().cuda_stream
+            ledger._capturing_on[streams[graph]] = graph
             ledger._attach()  # a capture outside a recording step still learns its collectives
             return begin(graph, *args, **kwargs)
 
@@ -291,8 +297,8 @@ class CommLedger:
             try:
                 return end(graph)
             finally:
-                capture.graph = None
-                if ledger._clock is None:
+                ledger._capturing_on.pop(streams.pop(graph, None), None)
+                if ledger._clock is None and not ledger._capturing_on:
                     ledger._detach()
 
         def replay_(graph):
