@@ -139,8 +139,6 @@ def _check_step_graph(run: RunConfig) -> None:
         # DDP times its first 10 iterations with events it reads on the host (its runtime logger): not in a capture
         why = (f"--warmup-steps {run.warmup_steps}: it captures at the last warm-up step, after eager ones (compile "
                f"compiles; DDP reads its first 10 iterations' timings on the host): use >= {need}")
-    elif run.interleave_bare:
-        why = "a replayed step is device bound: compare it with --harness bare runs (drop --interleave-bare)"
     if why:
         raise ConfigError(f"--step-graph: {why}")
 

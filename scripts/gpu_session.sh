@@ -20,12 +20,16 @@ for s in "$@"; do
 done
 # The GPU tests are mostly train_bench subprocesses (~15 s of imports each): 4 xdist workers share the one GPU; those
 # that time kernels against a plain script (marked exclusive: a neighbour's kernels moved one 33%) run alone after.
+# Each test's outcome goes to $OUT/tests.log as it ends (-v): a call cut at its limit still returns what passed.
 run_tests() {
   log "pytest -m gpu"
-  python3 -m pytest -m "gpu and not exclusive" -q -p no:cacheprovider -n "${GPU_TEST_WORKERS:-4}" tests/ 2>&1 | tail -15
-  python3 -m pytest -m "gpu and exclusive" -q -p no:cacheprovider tests/ 2>&1 | tail -8
+  python3 -m pytest -m "gpu and not exclusive" -v -rfE --tb=short -p no:cacheprovider -n "${GPU_TEST_WORKERS:-4}" \
+    tests/ 2>&1 | grep --line-buffered -v "PytestBenchmarkWarning\|warner(" | tee "$OUT/tests.log" | tail -25
+  python3 -m pytest -m "gpu and exclusive" -v -rfE --tb=short -p no:cacheprovider tests/ 2>&1 \
+    | grep --line-buffered -v "PytestBenchmarkWarning\|warner(" | tee -a "$OUT/tests.log" | tail -8
 }
-# The device returns flat files only, and a call cut at its limit returns what $OUT holds: keep a tarball fresh.
+# The device returns flat files only, at most 8 of them (a 9th made a call lose its suites.tar.gz, 2026-12-04), and a
+# call cut at its limit returns what $OUT holds: keep a tarball fresh.
 (while sleep 30; do tar czf "$OUT/partial.tar.gz.tmp" -C "$OUT" --exclude=wandb --exclude='*.tar.gz*' . 2>/dev/null \
   && mv "$OUT/partial.tar.gz.tmp" "$OUT/partial.tar.gz"; done) &
 saver=$!

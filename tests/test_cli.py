@@ -175,6 +175,30 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"harness": "lightning"}, "the bare loop's step only for now: add --harness bare"),
+    ({"weights": "fsdp"}, "FSDP2 frees and gathers its shards"),
+    ({"compile": True, "compile_mode": "reduce-overhead"}, "reduce-overhead's own CUDA graphs cannot nest"),
+    ({"warmup_steps": 11}, "--warmup-steps 11: it captures at the last warm-up step.*use >= 12"),
+    ({"simulate_world": None, "cp": "none", "warmup_steps": 2}, "--warmup-steps 2: .*use >= 3"),
+    ({"simulate_world": None, "cp": "none", "warmup_steps": 3}, None),
+    ({}, None),
+])
+def test_step_graph_settings_are_checked_up_front(settings, message):
+    """--step-graph's limits (GPU settings: no device needed to check them), each refused in one line naming the
+    setting and the fix; what it can capture passes (a simulated Ulysses rank after 12 warm-up steps)."""
+    from flux_cp.checks import _check_step_graph
+    from flux_cp.config import ConfigError, RunConfig
+
+    run = RunConfig(**({"accelerator": "gpu", "harness": "bare", "step_graph": True, "warmup_steps": 12,
+                        "cp": "ulysses", "simulate_world": 2} | settings))
+    if message is None:
+        _check_step_graph(run)
+        return
+    with pytest.raises(ConfigError, match=f"^--step-graph: {message}"):
+        _check_step_graph(run)
+
+
 @pytest.mark.parametrize(("args", "message"), BAD)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     rc, lines = main_in_process(*args, "--output", tmp_path / "run")

@@ -395,6 +395,23 @@ def test_bad_input(tmp_path):
     assert "unreadable JSON" in (tmp_path / "report" / "report.md").read_text()
 
 
+def test_a_ledger_without_the_gradient_all_reduce_is_flagged(train_runs, tmp_path):
+    """A DDP run whose ledger lacks the gradient all-reduce (--step-graph runs of 2026-12-04: the capture's backward
+    collectives went unrecorded) says so in its notes; the same runs untouched do not."""
+    t1, ts = (json.loads(train_runs[w].read_text()) for w in (1, "sim"))
+    assert ts["weights"] == "ddp" and any(c["kind"] == "all_reduce" for c in ts["comm"]["ledger"][0]["collectives"])
+    for step in ts["comm"]["ledger"]:
+        step["collectives"] = [c for c in step["collectives"] if c["kind"] != "all_reduce"]
+    for name, d in (("w1", t1), ("sim", ts)):
+        write(tmp_path / name / "summary.json", d)
+    (c,) = build(tmp_path, cpu_link=links.flat(100)).to_dict()["configurations"]
+    assert any(n.startswith("W=2: the ledger holds no gradient all-reduce") for n in c["notes"]), c["notes"]
+    for name, p in (("w1", train_runs[1]), ("sim", train_runs["sim"])):
+        write(tmp_path / "untouched" / name / "summary.json", p.read_text())
+    (c,) = build(tmp_path / "untouched", cpu_link=links.flat(100)).to_dict()["configurations"]
+    assert not any("gradient all-reduce" in n for n in c["notes"]), c["notes"]
+
+
 def test_a_ledger_without_the_kv_exchange_is_flagged(train_runs, tmp_path):
     """A simulated CP run whose ledger lacks its K/V exchange (under reduce-overhead the collectives replay inside
     CUDA graphs, where the ledger's Python kernels never run: the H200's ulysses runs) says its communication

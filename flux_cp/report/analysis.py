@@ -84,6 +84,13 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
         # Python never runs in a CUDA graph's replay, and the ledger listens from Python kernels
         notes.append("the ledger holds no K/V exchange (collectives replayed inside CUDA graphs, as under "
                      "reduce-overhead, never reach it): that communication is not priced")
+    if (W > 1 and pred["source"].startswith("ledger") and d.get("weights") in ("ddp", "zero")
+            and "all_reduce" not in pred["bytes_by_kind"]):
+        # --step-graph runs before 2026-12-04 16:00: the ledger tracked a capture per thread, and a whole step's
+        # backward issues its collectives from autograd's thread
+        notes.append("the ledger holds no gradient all-reduce (a --step-graph run recorded before its backward's "
+                     "collectives were: docs/results/2026-12-04c-h200-session.md): that communication is not "
+                     "priced (scripts/predict_with_twin_ledger.py prices an eager twin's)")
     # A profile that found no comm kernels at W > 1 did not classify them: the prediction stands in.
     prof_comm = "comm_attention" in bd and "comm_grad" in bd and not run.fake_collectives and W > 1
     if prof_comm and not float(bd["comm_attention"]) + float(bd["comm_grad"]) > 0:
