@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -221,13 +222,20 @@ def classify(rc: int, summary: dict | None, guard_fired: bool) -> str:
     return kind if kind in ("oom", "timeout") else "failed"  # interrupted: failed, its error line says so
 
 
+# A CUDA error (a failed CUDA graph capture among them) leaves the process's CUDA context or its RNG in a state the
+# next in-process run inherits: on the H200 every run after a failed capture failed ("Offset increment outside graph
+# capture", 2026-12-04). Out of memory is not one: the allocator recovers.
+CUDA_STATE_LOST = re.compile(r"CUDA error|AcceleratorError|graph capture")
+
+
 class Runner:
     """Runs a sweep's runs one by one, each in its own session (process group), keeping sweep.json current.
 
     in_process: train_bench's main(argv) to call for each run in this process instead (runs of one process each:
     --devices 1, simulated or not). torch, diffusers and Lightning are then imported once for the sweep, not once
     per run (on the H200 host: ~20 s of a ~25 s Flux run). No isolation: a run that hangs or is killed by the
-    kernel takes the sweep with it; its summary.json says `wall_s.startup` counts from the run's start."""
+    kernel takes the sweep with it; its summary.json says `wall_s.startup` counts from the run's start. After a run
+    that failed with a CUDA error (CUDA_STATE_LOST), the rest run each in their own process."""
 
     def __init__(self, sweep: Sweep, console=None, poll_s: float = 0.5, in_process=None):
         self.sweep = sweep
@@ -381,6 +389,10 @@ class Runner:
         rec.update(status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2),
                    error=None if status == "ok" else _error_line(summary, run.output / "train_bench.log"),
                    exit_code=rc)
+        if status != "ok" and CUDA_STATE_LOST.search(rec["error"] or ""):
+            self.in_process = None
+            self._log(f"sweep: {run.name} left this process's CUDA state unusable: the remaining runs each in their "
+                      "own process")
 
     def _log(self, msg: str) -> None:
         if self.console is not None:

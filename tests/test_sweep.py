@@ -6,11 +6,12 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
 from flux_cp.config import ConfigError
-from flux_cp.sweep import classify, load_sweep
+from flux_cp.sweep import Runner, classify, load_sweep
 
 from .conftest import ROOT, TINY, leftover_processes
 
@@ -87,6 +88,31 @@ def test_a_run_that_completed_is_ok_whatever_ended_its_process():
     assert classify(130, {"complete": True}, guard_fired=False) == "ok"
     assert classify(130, {"complete": False, "error_kind": "interrupted"}, guard_fired=False) == "failed"
     assert classify(0, None, guard_fired=False) == "failed"
+
+
+def test_in_process_sweep_leaves_a_process_whose_cuda_state_is_lost(tmp_path):
+    """A run that fails in the sweep's process with a CUDA error (on the H200, a failed CUDA graph capture made every
+    later run in that process fail) sends the remaining runs to their own processes, which complete; a run that
+    fails otherwise does not. The first run stands in for the failed capture (no CUDA here)."""
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"name: t\nconfig: {TINY}\ntimeout_s: 60\nbase: {{wandb_mode: disabled, steps: 2, devices: 1}}\n"
+                   "axes:\n  harness: [bare, lightning]\n")
+    for error, falls_back in (("CUDA error: operation failed due to a previous error during capture", True),
+                              ("an ordinary failure", False)):
+        calls = []
+
+        def failing(argv, error=error, calls=calls):
+            calls.append(argv)
+            raise RuntimeError(error)
+
+        out = tmp_path / ("cuda" if falls_back else "other")
+        runner = Runner(load_sweep(cfg, str(out), cuda_available=False, gpu_count=0), in_process=failing)
+        assert runner.run() == (1 if falls_back else 2)
+        first, second = runner.records
+        assert first["status"] == "failed" and error in first["error"]
+        assert len(calls) == (1 if falls_back else 2) and runner.in_process is (None if falls_back else failing)
+        if falls_back:
+            assert second["status"] == "ok" and (Path(second["output"]) / "summary.json").is_file()
 
 
 def test_in_process_sweep_trains_as_separate_processes(tmp_path):
