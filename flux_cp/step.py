@@ -5,6 +5,7 @@ harnesses time the same code and their losses agree step for step:
 
     step = FluxStep(cfg, model, device, cp_mesh, timer)    # strategy installed, compiled, RoPE angles made
     loss = step(model_or_ddp, optimizer, batch, backward)   # zero_grad, forward, loss, backward, optimizer step
+                                                            # (--step-graph: replayed from one CUDA graph)
 """
 
 import contextlib
