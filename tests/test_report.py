@@ -412,6 +412,27 @@ def test_a_ledger_without_the_gradient_all_reduce_is_flagged(train_runs, tmp_pat
     assert not any("gradient all-reduce" in n for n in c["notes"]), c["notes"]
 
 
+def test_a_step_graph_run_missing_its_backward_collectives_borrows_its_eager_twins_ledger(train_runs, tmp_path):
+    """A --step-graph run whose ledger lacks the backward's collectives (2026-12-04's) is priced with the ledger of
+    its eager twin (same strategy, weights and W): the same comm as the twin's row on the same step, and a note."""
+    t1, ts = (json.loads(train_runs[w].read_text()) for w in (1, "sim"))
+    graph = json.loads(json.dumps(ts)) | {"step_graph": True}
+    for step in graph["comm"]["ledger"]:
+        step["collectives"] = [c for c in step["collectives"] if c["kind"] != "all_reduce"]
+    for name, d in (("w1", t1), ("w1g", t1 | {"step_graph": True}), ("eager", ts), ("graph", graph)):
+        write(tmp_path / name / "summary.json", d)
+    configs = build(tmp_path, cpu_link=links.flat(100)).to_dict()["configurations"]
+    (g,) = [c for c in configs if "step graph" in c["key"]["compile"]]
+    (e,) = [c for c in configs if "step graph" not in c["key"]["compile"]]
+    assert any("priced with its eager twin's" in n for n in g["notes"]), g["notes"]
+    assert not any("gradient all-reduce" in n for n in g["notes"]), g["notes"]
+    (gw2,), (ew2,) = ([r for r in c["rows"] if r["W"] == 2] for c in (g, e))
+    assert gw2["comm_source"].startswith("ledger of its eager twin") and ew2["comm_source"].startswith("ledger priced")
+    gp, ep = gw2["prediction"], ew2["prediction"]
+    assert gp["priced_ms"] == pytest.approx(ep["priced_ms"]) and gp["priced_ms"] > 0
+    assert "all_reduce" in gp["bytes_by_kind"]
+
+
 def test_a_ledger_without_the_kv_exchange_is_flagged(train_runs, tmp_path):
     """A simulated CP run whose ledger lacks its K/V exchange (under reduce-overhead the collectives replay inside
     CUDA graphs, where the ledger's Python kernels never run: the H200's ulysses runs) says its communication

@@ -41,6 +41,32 @@ KV_KINDS = ("all_to_all", "send", "recv", "all_gather", "reduce_scatter")  # + F
 HARNESS_TARGET_PCT = 3.0  # the issue's bound on Lightning's step over the bare loop's, at every W
 
 
+def misses_grad_sync(run: Run) -> bool:
+    """A DDP / ZeRO run of W >= 2 whose ledger holds no gradient all-reduce: --step-graph runs before 2026-12-04
+    16:00, whose ledger tracked a capture per thread (a whole step's backward issues from autograd's thread)."""
+    ledger = (run.d.get("comm") or {}).get("ledger")
+    return (run.W > 1 and bool(ledger) and run.d.get("weights") in ("ddp", "zero")
+            and not any(c["kind"] == "all_reduce" for rec in ledger for c in rec["collectives"]))
+
+
+def borrow_ledgers(runs: list[Run]) -> None:
+    """Each run whose ledger misses its gradient sync is priced with an eager twin's (no CUDA graph: every
+    collective recorded), of the same device, model, data, precision, strategy, weights mode and W. Compiling does
+    not change a step's collectives (tests/test_recipes.py), so a compiled run's twin may be eager or compiled."""
+    def key(r: Run) -> str:
+        run = r.d["config"]["run"]
+        return json.dumps([r.d["env"]["device"], r.d["config"]["model"], r.d["config"]["data"], run["precision"],
+                           r.d["cp"], run.get("rotate"), r.d.get("weights"), r.W], sort_keys=True)
+
+    donors: dict[str, list[Run]] = {}
+    for r in runs:
+        if not r.d.get("step_graph") and (r.d.get("comm") or {}).get("ledger") and not misses_grad_sync(r):
+            donors.setdefault(key(r), []).append(r)
+    for r in runs:
+        if misses_grad_sync(r) and key(r) in donors:
+            r.ledger_twin = _latest(donors[key(r)])[0]
+
+
 def comm_prediction(run: Run, W: int, link: LinkProfile | None) -> dict:
     """The run's collectives priced with link and placed on its timeline (predict.py)."""
     d, step = run.d, run.metric("step_ms")
@@ -49,8 +75,11 @@ def comm_prediction(run: Run, W: int, link: LinkProfile | None) -> dict:
                 "lower_ms": step, "upper_ms": step, "priced_ms": 0.0, "exposed_ms": 0.0, "kv_ms": 0.0,
                 "grad_ms": 0.0, "exposed_ms_by_kind": {}, "priced_ms_by_kind": {}, "bytes_by_kind": {}}
     ledger = (d.get("comm") or {}).get("ledger")
+    src = "ledger"
+    if run.ledger_twin is not None:  # its own misses the backward's collectives (borrow_ledgers)
+        ledger, src = run.ledger_twin.d["comm"]["ledger"], f"ledger of its eager twin {run.ledger_twin.name}"
     if ledger:
-        p, src = predict_ledger(ledger, link, step_ms=step), "ledger"
+        p = predict_ledger(ledger, link, step_ms=step)
         nbytes = {}
         for c in ledger[len(ledger) // 2]["collectives"]:
             nbytes[c["kind"]] = nbytes.get(c["kind"], 0) + c["bytes"]
@@ -84,8 +113,10 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
         # Python never runs in a CUDA graph's replay, and the ledger listens from Python kernels
         notes.append("the ledger holds no K/V exchange (collectives replayed inside CUDA graphs, as under "
                      "reduce-overhead, never reach it): that communication is not priced")
-    if (W > 1 and pred["source"].startswith("ledger") and d.get("weights") in ("ddp", "zero")
-            and "all_reduce" not in pred["bytes_by_kind"]):
+    if W > 1 and run.ledger_twin is not None:
+        notes.append(f"its ledger misses the backward's collectives (a --step-graph run recorded before they were: "
+                     f"docs/results/2026-12-04c-h200-session.md): priced with its eager twin's, {run.ledger_twin.name}")
+    elif W > 1 and pred["source"].startswith("ledger") and misses_grad_sync(run):
         # --step-graph runs before 2026-12-04 16:00: the ledger tracked a capture per thread, and a whole step's
         # backward issues its collectives from autograd's thread
         notes.append("the ledger holds no gradient all-reduce (a --step-graph run recorded before its backward's "
@@ -481,6 +512,7 @@ def build(root: Path, link=None, cpu_link=None,
     runs, skipped = discover(root)
     if not runs and not skipped:
         raise ReportError(f"RUNS_DIR {root}: no summary.json found (run scripts/train_bench.py --output {root}/<name>)")
+    borrow_ledgers(runs)
     iso = isolated_rows(runs)
     configs = []
     for c in group(runs):

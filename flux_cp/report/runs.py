@@ -50,6 +50,8 @@ class ReportError(ValueError):
 class Run:
     path: Path
     d: dict
+    # the run whose ledger prices this one's communication, where its own misses collectives (analysis.borrow_ledgers)
+    ledger_twin: "Run | None" = None
 
     @property
     def name(self) -> str:
