@@ -44,11 +44,10 @@ class StepGraph:
         return self.loss.clone()  # the caller may keep it past the next replay
 
     def _capture(self, fn, model, opt, batch, backward) -> None:
-        self.inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        self.inputs = {k: v.clone() for k, v in batch.items()}
         # Grads allocated inside the capture live in the graph's pool, where replays write them (torch's recipe).
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()  # the eager steps' kernels done before the capture stream starts
-        graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph()  # torch.cuda.graph synchronizes before it captures
         try:
             with torch.cuda.graph(graph):
                 self.loss = fn(model, opt, self.inputs, backward)

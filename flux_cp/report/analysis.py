@@ -117,11 +117,9 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
         notes.append(f"its ledger misses the backward's collectives (a --step-graph run recorded before they were: "
                      f"docs/results/2026-12-04c-h200-session.md): priced with its eager twin's, {run.ledger_twin.name}")
     elif W > 1 and pred["source"].startswith("ledger") and misses_grad_sync(run):
-        # --step-graph runs before 2026-12-04 16:00: the ledger tracked a capture per thread, and a whole step's
-        # backward issues its collectives from autograd's thread
         notes.append("the ledger holds no gradient all-reduce (a --step-graph run recorded before its backward's "
-                     "collectives were: docs/results/2026-12-04c-h200-session.md): that communication is not "
-                     "priced (scripts/predict_with_twin_ledger.py prices an eager twin's)")
+                     "collectives were: docs/results/2026-12-04c-h200-session.md) and no eager twin among the runs "
+                     "has: that communication is not priced")
     # A profile that found no comm kernels at W > 1 did not classify them: the prediction stands in.
     prof_comm = "comm_attention" in bd and "comm_grad" in bd and not run.fake_collectives and W > 1
     if prof_comm and not float(bd["comm_attention"]) + float(bd["comm_grad"]) > 0:
