@@ -165,16 +165,18 @@ def _run(cfg: BenchConfig, report) -> int:
                                                                   "world": run.world_size}, trace=error_trace(e))
         raise
     _add_steps(summary, timer, records, gloo, run)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    if rank != (run.simulate_rank if run.simulate_world else 0):
-        return 0
-    summary.header["host_op_us_end"] = host_op_us()  # env.host_op_us again: did the host change meanwhile
-    summary.header["wall_s"] = wall_split(t_run, wall["start"], wall.get("warm", wall["start"]), wall["end"],
-                                          time.time())
-    path = summary.write(complete=True)
-    if report is not None:
-        report(summary.to_dict(complete=True), path)
+    step.close()
+    try:
+        if rank == (run.simulate_rank if run.simulate_world else 0):  # written before the group goes: kept on a hang
+            summary.header["host_op_us_end"] = host_op_us()  # env.host_op_us again: did the host change meanwhile
+            summary.header["wall_s"] = wall_split(t_run, wall["start"], wall.get("warm", wall["start"]),
+                                                  wall["end"], time.time())
+            path = summary.write(complete=True)
+            if report is not None:
+                report(summary.to_dict(complete=True), path)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 

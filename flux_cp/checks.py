@@ -130,9 +130,8 @@ def _check_step_graph(run: RunConfig) -> None:
         why = "CUDA graphs need a GPU (drop --step-graph on CPU)"
     elif run.compile and run.compile_mode == "reduce-overhead":
         why = "reduce-overhead's own CUDA graphs cannot nest in it (use --compile-mode default, or drop --step-graph)"
-    elif run.harness != "bare":
-        # Lightning's DDP wrapper is built on the default stream (a capture failed there on the H200, 2026-12-04)
-        why = "the bare loop's step only for now: add --harness bare"
+    elif run.interleave_bare:
+        why = "the bare twin would need a graph of its own (drop --interleave-bare; --harness bare is the twin)"
     elif run.weights == "fsdp":
         why = "FSDP2 frees and gathers its shards from the host each step (use --weights ddp or zero)"
     elif run.warmup_steps < (need := 12 if run.world_size > 1 or run.cp == "torch" else 3):

@@ -43,6 +43,14 @@ class StepGraph:
         self.graph.replay()  # the capture step too: capturing runs nothing
         return self.loss.clone()  # the caller may keep it past the next replay
 
+    def release(self) -> None:
+        """Free the graph. Before the process group goes: a graph holding NCCL kernels keeps destroy_process_group
+        waiting forever (pytorch#115388; seen on the H200 with DDP over a real NCCL group of one)."""
+        if self.graph is not None:
+            torch.cuda.synchronize()  # no replay still running
+            self.graph.reset()
+        self.graph, self.inputs, self.loss = None, {}, None
+
     def _capture(self, fn, model, opt, batch, backward) -> None:
         self.inputs = {k: v.clone() for k, v in batch.items()}
         # Grads allocated inside the capture live in the graph's pool, where replays write them (torch's recipe).

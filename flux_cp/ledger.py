@@ -163,7 +163,11 @@ class CommLedger:
         """The CUDA graph the current stream is capturing (whichever thread issues on it), or None."""
         if not self._capturing_on or not torch.cuda.is_current_stream_capturing():
             return None
-        return self._capturing_on.get(torch.cuda.current_stream().cuda_stream)
+        graph = self._capturing_on.get(torch.cuda.current_stream().cuda_stream)
+        if graph is None and len(self._capturing_on) == 1:
+            # a stream joined into the one capture: DDP's reducer all-reduces on the stream DDP was built on (H200)
+            graph = next(iter(self._capturing_on.values()))
+        return graph
 
     def _listening(self) -> bool:
         return self._clock is not None or bool(self._capturing_on)

@@ -105,12 +105,18 @@ class FluxCPModule(L.LightningModule):
 
     def _step(self, batch, batch_idx):
         # the module itself: Lightning's DDP wrapper is around training_step already
-        loss = self.step(self.model, self.optimizers(), batch, backward=self.manual_backward)
+        opt, replay = self.optimizers(), self.step.replays
+        loss = self.step(self.model, opt, batch, backward=self.manual_backward)
+        if replay:  # the replay stepped AdamW on the device: Lightning counts optimizer steps (global_step) on the host
+            opt._on_before_step()  # the hooks Lightning's manual loop puts around LightningOptimizer.step
+            opt._on_after_step()
         if self.cfg.run.dump_grads and batch_idx == 0:
             self._dump_grads()
         return {"loss": loss}
 
     def on_train_end(self):
+        if self.step is not None:  # before Lightning's atexit destroy_process_group (flux_cp/graphs.py: why)
+            self.step.close()
         if self.cfg.run.dump_params:
             self._save(full_params(self.model), "params_final.pt")  # every rank: gathering FSDP's shards
 

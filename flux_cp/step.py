@@ -89,6 +89,16 @@ class FluxStep:
             return self.graph(self._step, model, opt, batch, backward)
         return self._step(model, opt, batch, backward)
 
+    @property
+    def replays(self) -> bool:
+        """Whether the next call replays the step graph (no Python of the step runs: no optimizer.step call)."""
+        return self.graph is not None and self.graph.graph is not None
+
+    def close(self) -> None:
+        """Release what the step holds on the device that must go before the process group does (the step graph)."""
+        if self.graph is not None:
+            self.graph.release()
+
     def _step(self, model, opt, batch: dict, backward) -> torch.Tensor:
         # Before the forward: FSDP2 leaves the root unit unsharded after it, where a model.zero_grad would clear the
         # unsharded copies and the sharded grads (AdamW's) would sum over steps. ZeRO's param_groups hold every param.

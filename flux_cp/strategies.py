@@ -96,8 +96,16 @@ class DDPWithHook(_KeepOnDevice, _Simulable, DDPStrategy):
     torch's allreduce_hook with a future the fake group can complete), so real and simulated ranks run one code.
     Lightning registers comm hooks on CUDA only; this one runs on gloo and on the fake group too."""
 
+    def __init__(self, *args, step_graph: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)  # Lightning builds DDP on a side stream already, as a capture needs
+        self._step_graph = step_graph
+
     def _register_ddp_hooks(self) -> None:
         self.model.register_comm_hook(None, allreduce_hook)
+        if self._step_graph:
+            # DDP's forward still runs around each replay here (Lightning redirects training_step through it); its
+            # runtime logger would read CUDA events of a backward the replays never run every 100th iteration
+            self.model._set_ddp_runtime_logging_sample_rate(2**31 - 1)
 
 
 class SingleDevice(_KeepOnDevice, SingleDeviceStrategy):
@@ -123,7 +131,7 @@ def lightning_strategy(run):
                                      process_group_backend=backend, timeout=timeout)
     # torch's CP needs a process group (its device mesh) even at world size 1
     if run.world_size > 1 or run.cp == "torch":
-        return DDPWithHook(process_group_backend=backend, timeout=timeout)
+        return DDPWithHook(process_group_backend=backend, timeout=timeout, step_graph=run.step_graph)
     return SingleDevice(device=torch.device("cuda", 0) if run.accelerator == "gpu" else torch.device("cpu"))
 
 

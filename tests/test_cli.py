@@ -176,7 +176,8 @@ BAD = [
 
 
 @pytest.mark.parametrize(("settings", "message"), [
-    ({"harness": "lightning"}, "the bare loop's step only for now: add --harness bare"),
+    ({"harness": "lightning", "interleave_bare": 4}, "the bare twin would need a graph of its own"),
+    ({"harness": "lightning"}, None),
     ({"weights": "fsdp"}, "FSDP2 frees and gathers its shards"),
     ({"compile": True, "compile_mode": "reduce-overhead"}, "reduce-overhead's own CUDA graphs cannot nest"),
     ({"warmup_steps": 11}, "--warmup-steps 11: it captures at the last warm-up step.*use >= 12"),

@@ -230,7 +230,7 @@ def test_bare_and_lightning_train_alike_on_cuda(tmp_path):
     assert len(holds) == 2 and min(holds) > host and lit["metrics"]["device_busy_ms"]["median"] < holds[0]
 
 
-@pytest.mark.parametrize("harness,cp", [("bare", "none"), ("bare", "torch")])
+@pytest.mark.parametrize("harness,cp", [("bare", "none"), ("bare", "torch"), ("lightning", "torch")])
 def test_step_graph_trains_as_the_eager_step(tmp_path, harness, cp):
     """--step-graph (issue 26): the whole step captured at the last warm-up step and replayed for 10 more trains
     as the eager step does, fp32: with no process group (cp none), and with torch's ring at world size 1 over a
@@ -244,7 +244,7 @@ def test_step_graph_trains_as_the_eager_step(tmp_path, harness, cp):
     torch.testing.assert_close(torch.tensor(graph["loss"]), torch.tensor(eager["loss"]), rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("harness,compile_", [("bare", "false"), ("bare", "true")])
+@pytest.mark.parametrize("harness,compile_", [("bare", "false"), ("bare", "true"), ("lightning", "false")])
 def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_):
     """--step-graph on issue 26's recipe, Ulysses + ZeRO as rank 0 of a 2-rank fake-group job (eager, and compiled
     per block inside the graph): the run completes, and its instrumented steps' ledger holds what the graph
