@@ -30,7 +30,6 @@ nothing) and adds those entries at every replay of that graph in a step (`graph:
 start and priced as exposed (`async: false`: inside a graph no stamp says where they end).
 """
 
-import functools
 import threading
 import weakref
 
@@ -91,8 +90,8 @@ def _is_fake(args) -> bool:
     return any(isinstance(t, FakeTensor) for t in _flat(args))
 
 
-@functools.cache  # a group's name is never reused for another group within a process
 def _named_group_size(group_name: str) -> int:
+    # not cached: a process that makes a new world (in-process sweeps) names its groups "0", "1", ... again
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     return _resolve_process_group(group_name).size()

@@ -36,3 +36,26 @@ def test_kernels_are_registered_only_while_a_step_records():
         dist.all_reduce(x)  # outside any step: runs, unrecorded
     finally:
         dist.destroy_process_group()
+
+
+def test_a_new_world_in_the_same_process_records_its_own_group_sizes():
+    """An in-process sweep makes a new fake world per run, and torch names its groups "0", "1", ... again: a
+    functional collective of a W=2 run after a W=8 one records group size 2 (a cache by name gave 8 on the H200,
+    2026-12-04, and priced the W=2 all-to-alls as eight ranks')."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    ledger = CommLedger.get()
+    sizes = []
+    for world in (8, 2):
+        init_fake_world(world, 0)
+        try:
+            group = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))["cp"].get_group()
+            timer = StepTimer(cuda=False, enabled=False, ledger=ledger)
+            timer.start_step(regions=False, comm=True)
+            out = funcol.all_reduce(torch.ones(world), "sum", group)
+            step = timer.end_step(funcol.wait_tensor(out).sum())
+            sizes.append([(e["kind"], e["group_size"]) for e in step["comm"]])
+        finally:
+            dist.destroy_process_group()
+    assert sizes == [[("all_reduce", 8)], [("all_reduce", 2)]]

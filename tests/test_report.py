@@ -433,6 +433,37 @@ def test_a_step_graph_run_missing_its_backward_collectives_borrows_its_eager_twi
     assert "all_reduce" in gp["bytes_by_kind"]
 
 
+def test_a_step_graph_ledger_is_placed_as_its_eager_twins(train_runs, tmp_path):
+    """A --step-graph run's ledger holds every collective (the graph's bytes) but not where the step issues and waits
+    on it (a replay is one launch: all stamped at its start, blocking). With an eager twin among the runs it is
+    priced on the twin's placement; alone, as blocking, one after another: the upper bound, and it says so."""
+    t1, ts = (json.loads(train_runs[w].read_text()) for w in (1, "sim"))
+    graph = json.loads(json.dumps(ts)) | {"step_graph": True}
+    for step in graph["comm"]["ledger"]:
+        step["collectives"] = [c | {"graph": True, "async": False, "issue_ms": 0.0, "wait_ms": None}
+                               for c in step["collectives"]]
+        step["phases"] = {}
+    runs = {"w1": t1, "w1g": t1 | {"step_graph": True}, "eager": ts, "graph": graph}
+    for name, d in runs.items():
+        write(tmp_path / "twin" / name / "summary.json", d)
+        if name != "eager":
+            write(tmp_path / "alone" / name / "summary.json", d)
+
+    def w2(root):
+        configs = build(root, cpu_link=links.flat(1)).to_dict()["configurations"]
+        (g,) = [c for c in configs if "step graph" in c["key"]["compile"]]
+        return g["notes"], next(r for r in g["rows"] if r["W"] == 2)
+
+    notes, twin = w2(tmp_path / "twin")
+    assert any("placed as its eager twin's ledger places them" in n for n in notes), notes
+    assert twin["comm_source"].startswith("ledger of its eager twin")
+    notes, alone = w2(tmp_path / "alone")
+    assert any("priced as blocking, one after another (the upper bound)" in n for n in notes), notes
+    p, q = alone["prediction"], twin["prediction"]
+    assert p["predicted_ms"] == pytest.approx(p["upper_ms"]) and p["priced_ms"] == pytest.approx(q["priced_ms"])
+    assert q["predicted_ms"] < p["predicted_ms"]  # the twin overlaps what the graph alone cannot place
+
+
 def test_a_ledger_without_the_kv_exchange_is_flagged(train_runs, tmp_path):
     """A simulated CP run whose ledger lacks its K/V exchange (under reduce-overhead the collectives replay inside
     CUDA graphs, where the ledger's Python kernels never run: the H200's ulysses runs) says its communication
@@ -462,3 +493,23 @@ def test_an_isolated_speedup_needs_calls_and_clear_ranges():
     assert isolated_noisy(row(1.0, 1.1), row(0.5, 0.6, n=5))  # the same, from 5 calls
     assert isolated_noisy(row(0.5, 1.1), row(0.45, 0.6))  # ranges overlap
     assert isolated_noisy(row(1.0, 1.1), None)
+
+
+def test_the_targets_are_checked_against_the_w1_steps_they_name():
+    """Issue 26's targets: W=2 >= 1.85x the user's W=1 step (context_parallel at world size 1) and >= 1.6x the best
+    W=1 step, W=8 >= 5x the user's; each against its own W=1 step, not the plain one the tables divide by. The H200's
+    figures of 2026-12-04: 39.0 ms at W=2 is 2.00x the user's 77.9 ms and 1.30x the compiled 50.8 ms."""
+    from flux_cp.report.reconcile import target_lines
+
+    alt = {"strategy": "ulysses", "compile": "default + step graph", "peak_gib": 12.4}
+    s = {"rows": [{"W": 2, "predicted_speedup": 60.9 / 51.4, "peak_gib": 12.6}], "baseline_ms": 60.9,
+         "strategy": "torch(allgather)", "alternatives": [alt | {"W": 2, "speedup": 60.9 / 39.0},
+                                                          alt | {"W": 8, "speedup": 60.9 / 28.1}],
+         "w1": {"user": {"ms": 77.9, "what": "the user's W=1 step"}, "best": {"ms": 50.8, "what": "the best"}}}
+    two, eight = target_lines(s)
+    assert two.startswith("Best at W=2: ulysses (compile default + step graph), 39 ms, peak 12.4 GiB per rank")
+    assert "2.00x the user's W=1 step (77.9 ms; target >= 1.85x: met)" in two
+    assert "1.30x the best (50.8 ms; target >= 1.6x: missed)" in two
+    assert "2.77x the user's W=1 step (77.9 ms; target >= 5.0x: missed)" in eight
+    (two,) = target_lines(s | {"w1": {"user": None, "best": None}, "alternatives": []})  # the user's own row alone
+    assert "torch(allgather), 51.4 ms" in two and "no run of the user's W=1 step" in two and "not checked" in two

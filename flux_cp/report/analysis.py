@@ -50,9 +50,11 @@ def misses_grad_sync(run: Run) -> bool:
 
 
 def borrow_ledgers(runs: list[Run]) -> None:
-    """Each run whose ledger misses its gradient sync is priced with an eager twin's (no CUDA graph: every
-    collective recorded), of the same device, model, data, precision, strategy, weights mode and W. Compiling does
-    not change a step's collectives (tests/test_recipes.py), so a compiled run's twin may be eager or compiled."""
+    """Each --step-graph run, and each run whose ledger misses its gradient sync, is priced with an eager twin's
+    ledger (no CUDA graph: every collective recorded where the step issues and waits on it), of the same device,
+    model, data, precision, strategy, weights mode and W. A step graph's own ledger holds the same collectives and
+    bytes (tests/test_gpu.py) but not where they sit in the step (a replay is one launch): priced from it alone they
+    would all be blocking. Compiling does not change a step's collectives (tests/test_recipes.py)."""
     def key(r: Run) -> str:
         run = r.d["config"]["run"]
         return json.dumps([r.d["env"]["device"], r.d["config"]["model"], r.d["config"]["data"], run["precision"],
@@ -63,7 +65,7 @@ def borrow_ledgers(runs: list[Run]) -> None:
         if not r.d.get("step_graph") and (r.d.get("comm") or {}).get("ledger") and not misses_grad_sync(r):
             donors.setdefault(key(r), []).append(r)
     for r in runs:
-        if misses_grad_sync(r) and key(r) in donors:
+        if r.W > 1 and (misses_grad_sync(r) or r.d.get("step_graph")) and key(r) in donors:
             r.ledger_twin = _latest(donors[key(r)])[0]
 
 
@@ -76,7 +78,7 @@ def comm_prediction(run: Run, W: int, link: LinkProfile | None) -> dict:
                 "grad_ms": 0.0, "exposed_ms_by_kind": {}, "priced_ms_by_kind": {}, "bytes_by_kind": {}}
     ledger = (d.get("comm") or {}).get("ledger")
     src = "ledger"
-    if run.ledger_twin is not None:  # its own misses the backward's collectives (borrow_ledgers)
+    if run.ledger_twin is not None:  # its own misses collectives or their place (borrow_ledgers)
         ledger, src = run.ledger_twin.d["comm"]["ledger"], f"ledger of its eager twin {run.ledger_twin.name}"
     if ledger:
         p = predict_ledger(ledger, link, step_ms=step)
@@ -113,9 +115,15 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
         # Python never runs in a CUDA graph's replay, and the ledger listens from Python kernels
         notes.append("the ledger holds no K/V exchange (collectives replayed inside CUDA graphs, as under "
                      "reduce-overhead, never reach it): that communication is not priced")
-    if W > 1 and run.ledger_twin is not None:
+    if W > 1 and run.ledger_twin is not None and misses_grad_sync(run):
         notes.append(f"its ledger misses the backward's collectives (a --step-graph run recorded before they were: "
                      f"docs/results/2026-12-04c-h200-session.md): priced with its eager twin's, {run.ledger_twin.name}")
+    elif W > 1 and run.ledger_twin is not None:
+        notes.append(f"its collectives replay inside one CUDA graph (the ledger has their bytes, not their place in "
+                     f"the step): placed as its eager twin's ledger places them, {run.ledger_twin.name}")
+    elif W > 1 and run.d.get("step_graph") and pred["source"].startswith("ledger") and not misses_grad_sync(run):
+        notes.append("its collectives replay inside one CUDA graph and no eager twin among the runs places them: "
+                     "priced as blocking, one after another (the upper bound)")
     elif W > 1 and pred["source"].startswith("ledger") and misses_grad_sync(run):
         notes.append("the ledger holds no gradient all-reduce (a --step-graph run recorded before its backward's "
                      "collectives were: docs/results/2026-12-04c-h200-session.md) and no eager twin among the runs "

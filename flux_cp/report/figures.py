@@ -71,7 +71,8 @@ def config_figures(report, out: Path) -> dict[str, list[Path]]:
                  if r.a["simulated"] and r.a["speedup"]["bounds"][0]]
             if b:
                 ax.errorbar([x[0] for x in b], [x[1] for x in b], capsize=4, ls="none", color="gray",
-                            yerr=[[x[1] - x[2] for x in b], [x[3] - x[1] for x in b]], label="prediction bounds")
+                            yerr=[[max(0, x[1] - x[2]) for x in b], [max(0, x[3] - x[1]) for x in b]],  # 0, not -2e-16
+                            label="prediction bounds")
             ax.set_xlabel("W (effective world size)")
             ax.set_ylabel("speedup vs W=1")
             ax.set_xticks(sorted(set(ws)))
