@@ -43,7 +43,7 @@ HARNESS_TARGET_PCT = 3.0  # the issue's bound on Lightning's step over the bare 
 
 def misses_grad_sync(run: Run) -> bool:
     """A DDP / ZeRO run of W >= 2 whose ledger holds no gradient all-reduce: --step-graph runs before 2026-12-04
-    16:00, whose ledger tracked a capture per thread (a whole step's backward issues from autograd's thread)."""
+    17:00, whose ledger tracked a capture per thread, then not through the stream DDP's reducer joins it by."""
     ledger = (run.d.get("comm") or {}).get("ledger")
     return (run.W > 1 and bool(ledger) and run.d.get("weights") in ("ddp", "zero")
             and not any(c["kind"] == "all_reduce" for rec in ledger for c in rec["collectives"]))
