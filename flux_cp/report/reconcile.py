@@ -226,10 +226,10 @@ W1_REFS = {"user": "the user's W=1 step (context_parallel at world size 1)", "be
 
 
 def _w1_refs(configs: list[Config], mine: list[Config]) -> dict:
-    """The W=1 steps the targets are against, among the runs of the same model and data (any harness): the user's
+    """The W=1 steps the targets are against, among the runs of the same model, data and harness: the user's
     (torch's context_parallel at world size 1, eager) and the fastest of all."""
     key = mine[0].key
-    w1 = [(r.a, c) for c in configs if all(c.key.get(x) == key.get(x) for x in SAME if x != "harness")
+    w1 = [(r.a, c) for c in configs if all(c.key.get(x) == key.get(x) for x in SAME)
           for r in c.rows if r.W == 1]
     user = [a for a, c in w1 if a["cp"] == "torch" and c.key.get("compile") == "off"]
     best = min(w1, key=lambda x: x[0]["step_ms"], default=None)
