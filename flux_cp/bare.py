@@ -93,7 +93,8 @@ def wrap_for_training(model, run, device):
     # reducer otherwise works on the legacy default stream, which a capture on another stream cannot depend on)
     stream = torch.cuda.Stream(device) if run.step_graph else None
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                      gradient_as_bucket_view=run.grad_bucket_view)
     if stream is not None:
         torch.cuda.current_stream(device).wait_stream(stream)  # its broadcast of the weights, before the first step
     ddp.register_comm_hook(None, allreduce_hook)

@@ -93,6 +93,9 @@ def resolve(
     if run.zero_bucket_view and run.weights != "zero":
         raise ConfigError(f"--zero-bucket-view true: ZeRO's flat parameter buffers need --weights zero (not "
                           f"{run.weights}; or drop --zero-bucket-view)")
+    if run.grad_bucket_view and run.weights == "fsdp":
+        raise ConfigError("--grad-bucket-view true: gradients in DDP's all-reduce buckets need --weights ddp or zero "
+                          "(FSDP2 reduce-scatters its own; or drop --grad-bucket-view)")
     if run.harness == "bare":
         _check_bare(run)
     if run.sync_debug and run.accelerator != "gpu":

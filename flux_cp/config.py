@@ -78,6 +78,10 @@ class RunConfig:
     # parameters_as_bucket_view): after the step each rank broadcasts its buffer, W broadcasts instead of one per
     # parameter (104 for Flux's 2 + 4 blocks), fewer host calls for the same bytes
     zero_bucket_view: bool = False
+    # --weights ddp / zero: each gradient a view into DDP's flat all-reduce bucket (DDP's gradient_as_bucket_view) and
+    # zeroed in place, not freed: DDP then copies no gradient into its buckets or back (2 x the model's gradient bytes
+    # a step, 2.6 GB at Flux's 2 + 4 blocks in bf16), and a step graph keeps them at static addresses
+    grad_bucket_view: bool = False
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu if CUDA is visible
     cp: CP = "auto"  # CP strategy; auto: none on one rank, torch on GPUs, allgather-kv on CPU
     rotate: Literal["allgather", "alltoall"] = "allgather"  # torch ring: how K/V shards move
@@ -172,8 +176,8 @@ class BenchConfig:
 
 # --help groups of the run settings (fields not named here: "Run")
 RUN_GROUPS = {
-    "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "rotate", "sdpa_backend", "split_conditioning",
-                    "simulate_world", "simulate_rank"),
+    "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "rotate", "sdpa_backend",
+                    "split_conditioning", "simulate_world", "simulate_rank"),
     "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",

@@ -23,8 +23,9 @@ import torch
 
 
 class StepGraph:
-    def __init__(self, eager_steps: int):
+    def __init__(self, eager_steps: int, set_to_none: bool = True):
         self.eager_steps = eager_steps  # eager calls first: DDP rebuilds its buckets, compile compiles, AdamW's state
+        self.set_to_none = set_to_none  # False: the gradients are DDP's bucket views, static already
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs: dict[str, torch.Tensor] = {}  # the graph's batch: each step's batch is copied in
@@ -54,7 +55,7 @@ class StepGraph:
     def _capture(self, fn, model, opt, batch, backward) -> None:
         self.inputs = {k: v.clone() for k, v in batch.items()}
         # Grads allocated inside the capture live in the graph's pool, where replays write them (torch's recipe).
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=self.set_to_none)
         graph = torch.cuda.CUDAGraph()  # torch.cuda.graph synchronizes before it captures
         try:
             with torch.cuda.graph(graph):

@@ -71,7 +71,10 @@ class FluxStep:
         if run.compile:
             compile_model(model, run)
         # --step-graph: eager through warm-up but its last step, which captures (flux_cp/graphs.py)
-        self.graph = StepGraph(eager_steps=run.warmup_steps - 1) if run.step_graph else None
+        # --grad-bucket-view: gradients stay views into DDP's buckets, zeroed in place (freed, the next backward would
+        # allocate new ones and DDP copy them in again)
+        self.set_to_none = not run.grad_bucket_view
+        self.graph = StepGraph(run.warmup_steps - 1, set_to_none=self.set_to_none) if run.step_graph else None
         self.split = (rank, world)  # this rank's place in its CP group (a simulated rank's too: its fake group)
         # Each rank's RoPE angles: its own text and image tokens' positions, in [text, image] order.
         txt = shard(text_ids(data.text_tokens), 0, *self.split)
@@ -102,7 +105,7 @@ class FluxStep:
     def _step(self, model, opt, batch: dict, backward) -> torch.Tensor:
         # Before the forward: FSDP2 leaves the root unit unsharded after it, where a model.zero_grad would clear the
         # unsharded copies and the sharded grads (AdamW's) would sum over steps. ZeRO's param_groups hold every param.
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=self.set_to_none)
         x, target, text = (shard(batch[k], 1, *self.split) for k in ("x_t", "target", "text"))  # (B, S/W, .)
         with self.strategy.step_context():
             pred = model(x, text, batch["pooled"], batch["t"], self.rope)

@@ -131,7 +131,8 @@ def lightning_strategy(run):
                                      process_group_backend=backend, timeout=timeout)
     # torch's CP needs a process group (its device mesh) even at world size 1
     if run.world_size > 1 or run.cp == "torch":
-        return DDPWithHook(process_group_backend=backend, timeout=timeout, step_graph=run.step_graph)
+        return DDPWithHook(process_group_backend=backend, timeout=timeout, step_graph=run.step_graph,
+                           gradient_as_bucket_view=run.grad_bucket_view)
     return SingleDevice(device=torch.device("cuda", 0) if run.accelerator == "gpu" else torch.device("cpu"))
 
 

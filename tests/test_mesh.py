@@ -129,3 +129,35 @@ def test_zero_bucket_view_trains_alike_and_broadcasts_one_buffer_per_rank(single
     assert_exact(got, single_process(1), rtol=1e-12)
     bcast = d["comm"]["per_step"]["broadcast"]
     assert bcast == {"count": 2, "bytes": d["params"] * 8}  # fp64: 8 bytes a parameter, each sent once
+
+
+@pytest.mark.parametrize("weights", ["ddp", "zero"])
+def test_grad_bucket_view_keeps_gradients_in_ddps_buckets(tmp_path, weights):
+    """--grad-bucket-view: after a backward every gradient is a view into DDP's flat buckets (gradients share a few
+    storages instead of one each), and the step's zero_grad keeps them there (zeroed in place), so DDP copies no
+    gradient into a bucket or back; without it each gradient has its own storage. A real gloo group of one."""
+    import torch.distributed as dist
+
+    from flux_cp.bare import wrap_for_training
+    from flux_cp.config import RunConfig
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        storages = {}
+        for view in (False, True):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(*(torch.nn.Linear(16, 16) for _ in range(4)))
+            run = RunConfig(weights=weights, grad_bucket_view=view, accelerator="cpu")
+            ddp, opt = wrap_for_training(model, run, torch.device("cpu"))
+            seen = []
+            for _ in range(3):
+                opt.zero_grad(set_to_none=not view)  # as FluxStep does
+                ddp(torch.randn(4, 16)).square().mean().backward()
+                opt.step()
+                seen.append([p.grad.data_ptr() for p in model.parameters()])
+            storages[view] = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+            if view:
+                assert seen[1] == seen[2]  # the same bucket views every step (DDP rebuilds its buckets after the 1st)
+        assert len(storages[False]) == 8 and len(storages[True]) < 8
+    finally:
+        dist.destroy_process_group()

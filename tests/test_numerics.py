@@ -19,13 +19,17 @@ from .conftest import assert_exact, exact_run
         (4, "ulysses", ()),
         # --split-conditioning: each rank computes 1/W of the AdaLN modulation features
         (4, "allgather-kv", ("--split-conditioning", "true")),
+        # --grad-bucket-view: gradients are views into DDP's buckets, zeroed in place (both harnesses, DDP and ZeRO)
+        (2, "ulysses", ("--weights", "zero", "--grad-bucket-view", "true")),
+        (2, "ulysses", ("--harness", "bare", "--grad-bucket-view", "true")),
     ],
 )
 def test_cp_matches_single_process(single_process, tmp_path, devices, cp, extra):
     got = exact_run(tmp_path, "--devices", devices, "--cp", cp, *extra)
     d = got["summary"]
     assert d["world_size"] == devices and d["cp"] == cp and d["config"]["run"]["precision"] == "64-true"
-    assert d["run_name"].endswith("-splitcond-s144") == bool(extra)
+    assert d["run_name"].endswith("-splitcond-s144") == ("--split-conditioning" in extra)
+    assert d["config"]["run"]["grad_bucket_view"] == ("--grad-bucket-view" in extra)
     assert_exact(got, single_process(1), rtol=1e-12)
 
 
