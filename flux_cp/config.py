@@ -72,8 +72,9 @@ class RunConfig:
     devices: int = 1  # per node
     num_nodes: int = 1  # Lightning's cluster environments (torchrun, SLURM, NODE_RANK + MASTER_ADDR) join them
     cp_degree: int | None = None  # ranks per CP group; default: all of them (pure CP). dp = ranks / cp_degree
-    # replicated + all-reduce; the same with AdamW state sharded (ZeRO-1); or FSDP2 sharded, over all dp x cp ranks
-    weights: Literal["ddp", "zero", "fsdp"] = "ddp"
+    # replicated + all-reduce; the same with AdamW state sharded (ZeRO-1); gradients reduce-scattered and AdamW
+    # sharded in flat buckets, parameters all-gathered (ZeRO-2, flux_cp/zero2.py); or FSDP2 sharded; over all dp x cp
+    weights: Literal["ddp", "zero", "zero2", "fsdp"] = "ddp"
     # --weights zero: parameters as views of one flat buffer per rank (ZeroRedundancyOptimizer's
     # parameters_as_bucket_view): after the step each rank broadcasts its buffer, W broadcasts instead of one per
     # parameter (104 for Flux's 2 + 4 blocks), fewer host calls for the same bytes

@@ -53,6 +53,10 @@ def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.
     # --step-graph: the step count on the device, so that a replayed step advances it (flux_cp/graphs.py)
     capturable = {"capturable": True} if run.step_graph else {}
     params = list(model.parameters())
+    if run.weights == "zero2" and dist.is_available() and dist.is_initialized():
+        from flux_cp.zero2 import ShardedAdamW
+
+        return ShardedAdamW(model, full_grads=run.dump_grads, lr=run.lr, fused=fused, **capturable)
     if run.weights == "zero" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

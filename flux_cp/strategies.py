@@ -119,6 +119,8 @@ def lightning_strategy(run):
     (tensor_parallel = 1). Its mesh dim is then exactly the flattened (dp, cp) mesh FSDP2 shards over, and
     the strategy already does what FSDP2 needs (configure_model before the optimizer, no DDP wrapper), so no
     subclass is needed; the (dp, cp) view that CP groups and data use is built by build_mesh on the same ranks.
+    zero2: the same strategy for what it gives (a process group, no DDP wrapper, the optimizer built after the
+    precision cast): flux_cp.zero2's optimizer syncs the gradients and parameters itself.
     """
     import datetime
 
@@ -126,7 +128,7 @@ def lightning_strategy(run):
     timeout = datetime.timedelta(seconds=run.timeout_s)  # a collective that never matches fails the run
     if run.simulate_world:  # the fake group exists already (flux_cp.simulate); Lightning keeps it
         backend = "fake"
-    if run.weights == "fsdp":  # FSDP needs a process group even at world size 1
+    if run.weights in ("fsdp", "zero2"):  # no DDP wrapper; a process group even at world size 1
         return ModelParallel(data_parallel_size=run.world_size, tensor_parallel_size=1,
                                      process_group_backend=backend, timeout=timeout)
     # torch's CP needs a process group (its device mesh) even at world size 1
@@ -140,7 +142,7 @@ def lightning_precision(run) -> dict:
     """The Trainer's precision arguments. Lightning's ModelParallelStrategy accepts precisions from a list of names
     without 64-true, though its DoublePrecision plugin works as bf16-true's HalfPrecision does there (module.to(dtype)
     after configure_model's fully_shard; default dtype in init and forward): under fsdp it is given as a plugin."""
-    if run.weights == "fsdp" and run.precision == "64-true":
+    if run.weights in ("fsdp", "zero2") and run.precision == "64-true":
         from lightning.pytorch.plugins import DoublePrecision
 
         return {"precision": None, "plugins": [DoublePrecision()]}

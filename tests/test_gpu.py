@@ -247,14 +247,16 @@ def test_step_graph_trains_as_the_eager_step(tmp_path, harness, cp, view):
     torch.testing.assert_close(torch.tensor(graph["loss"]), torch.tensor(eager["loss"]), rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("harness,compile_", [("bare", "false"), ("bare", "true"), ("lightning", "false")])
-def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_):
+@pytest.mark.parametrize("harness,compile_,weights", [("bare", "false", "zero"), ("bare", "true", "zero"),
+                                                     ("lightning", "false", "zero"), ("bare", "false", "zero2")])
+def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_, weights):
     """--step-graph on issue 26's recipe, Ulysses + ZeRO as rank 0 of a 2-rank fake-group job (eager, and compiled
     per block inside the graph): the run completes, and its instrumented steps' ledger holds what the graph
-    captured (the all-to-alls, ZeRO's broadcasts, DDP's all-reduces), the eager step's bytes."""
+    captured (the all-to-alls, ZeRO's broadcasts, DDP's all-reduces; ZeRO-2's reduce-scatters, issued from
+    autograd's hooks, and all-gathers), the eager step's bytes."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    args = ("--harness", harness, "--cp", "ulysses", "--weights", "zero", "--simulate-world", 2, "--precision",
+    args = ("--harness", harness, "--cp", "ulysses", "--weights", weights, "--simulate-world", 2, "--precision",
             "bf16-true", "--steps", 4, "--warmup-steps", 12, "--compile", compile_)
     graph = _gpu_run(tmp_path / "graph", *args, "--step-graph", "true")
     eager = _gpu_run(tmp_path / "eager", *args)

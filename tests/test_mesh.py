@@ -40,6 +40,7 @@ def _run(out, *args):
 @pytest.mark.parametrize(
     ("weights", "layout", "cp"),
     [("ddp", "W2", "allgather-kv"), ("zero", "W2", "ulysses"), ("fsdp", "W2", "ulysses"),
+     ("zero2", "W2", "allgather-kv"),  # the bare loop's ZeRO-2 (ulysses): the test after this one
      ("ddp", "dp2xcp2", "ulysses"), ("zero", "dp2xcp2", "allgather-kv"), ("fsdp", "dp2xcp2", "allgather-kv")],
 )
 def test_weights_train_like_one_process(single_process, tmp_path, weights, layout, cp):
@@ -52,6 +53,8 @@ def test_weights_train_like_one_process(single_process, tmp_path, weights, layou
     assert d["complete"] and sum(d["step_kinds"].values()) == EXACT_STEPS - 1
     if weights == "zero":  # rank 0 stepped its ZeroRedundancyOptimizer share, about 1/W of the parameters
         assert d["params"] / (2 * world) < d["optimizer_params"] < d["params"] * 2 / 3
+    elif weights == "zero2":  # 1/W of every bucket, padded to a multiple of W
+        assert d["params"] / world <= d["optimizer_params"] < d["params"] / world + world
     else:
         assert d["optimizer_params"] == d["params"] or weights == "fsdp"
     assert all(p.dtype == torch.float64 for p in got["params"].values())
@@ -161,3 +164,18 @@ def test_grad_bucket_view_keeps_gradients_in_ddps_buckets(tmp_path, weights):
         assert len(storages[False]) == 8 and len(storages[True]) < 8
     finally:
         dist.destroy_process_group()
+
+
+def test_zero2_in_the_bare_loop_trains_like_one_process_with_the_all_reduces_bytes(single_process, tmp_path):
+    """--weights zero2 (flux_cp/zero2.py) in the bare loop, 2 gloo ranks, fp64, 10 steps: the single process's
+    training; a step sends each bucket's gradient reduce-scattered and its parameters all-gathered (each the
+    model's bytes, padded to W, over the flat buckets), no broadcast and no all-reduce (ZeRO-1 sends an all-reduce
+    and a broadcast of every parameter)."""
+    got = exact_run(tmp_path, "--devices", 2, "--cp", "ulysses", "--weights", "zero2", "--harness", "bare")
+    d = got["summary"]
+    assert (d["harness"], d["weights"], d["world_size"]) == ("bare", "zero2", 2)
+    assert_exact(got, single_process(1), rtol=1e-12)
+    sent = {k: v["bytes"] for k, v in d["comm"]["per_step"].items()}
+    assert set(sent) == {"all_to_all", "reduce_scatter", "all_gather"}
+    # the dump's extra gathers of the gradients (--dump-grads) are in the all-gather's bytes: twice the model's
+    assert sent["reduce_scatter"] == 2 * d["optimizer_params"] * 8 and sent["all_gather"] == 2 * sent["reduce_scatter"]

@@ -19,9 +19,9 @@ from .conftest import assert_exact, exact_run
         (4, "ulysses", ()),
         # --split-conditioning: each rank computes 1/W of the AdaLN modulation features
         (4, "allgather-kv", ("--split-conditioning", "true")),
-        # --grad-bucket-view: gradients are views into DDP's buckets, zeroed in place (both harnesses, DDP and ZeRO)
+        # --grad-bucket-view: gradients are views into DDP's buckets, zeroed in place (the views themselves:
+        # tests/test_mesh.py)
         (2, "ulysses", ("--weights", "zero", "--grad-bucket-view", "true")),
-        (2, "ulysses", ("--harness", "bare", "--grad-bucket-view", "true")),
     ],
 )
 def test_cp_matches_single_process(single_process, tmp_path, devices, cp, extra):

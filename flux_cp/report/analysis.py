@@ -91,8 +91,9 @@ def comm_prediction(run: Run, W: int, link: LinkProfile | None) -> dict:
         nbytes = {}
         for c in colls:
             nbytes[c.kind] = nbytes.get(c.kind, 0) + c.bytes
-    fsdp = (d.get("weights") or d["config"]["run"].get("weights")) == "fsdp"
-    kv_kinds = [k for k in KV_KINDS if not (fsdp and k in ("all_gather", "reduce_scatter"))]
+    # FSDP and ZeRO-2 gather weights and reduce-scatter gradients: those are the gradient sync, not the K/V exchange
+    sharded = (d.get("weights") or d["config"]["run"].get("weights")) in ("fsdp", "zero2")
+    kv_kinds = [k for k in KV_KINDS if not (sharded and k in ("all_gather", "reduce_scatter"))]
     kv = sum(v for k, v in p.exposed_ms_by_kind.items() if k in kv_kinds)
     return {"source": f"{src} priced with {link.name}" + ("" if link.measured else " (profile from sources)"),
             "link": link.name, "predicted_ms": p.predicted_ms, "lower_ms": p.lower_ms, "upper_ms": p.upper_ms,

@@ -196,9 +196,9 @@ def config_key(d: dict) -> dict:
         # recorded in every step (summaries before 2026-12-04 13:00: its host time in step_ms), in instrumented
         # steps only (out of step_ms), or off: runs of different ledger placement do not pair
         "ledger": (d.get("ledger_steps") or "every step") if run.get("ledger", True) else "off",
-        # FSDP adds all-gathers / reduce-scatters; ZeRO-1 is DDP with a sharded optimizer (the strategy label
-        # says so), identical at W=1, so its runs share DDP's baseline
-        "weights": {"zero": "ddp"}.get(w := d.get("weights") or run.get("weights", "ddp"), w),
+        # FSDP adds all-gathers / reduce-scatters; ZeRO-1 and ZeRO-2 are DDP's training with a sharded optimizer
+        # (the strategy label says so), identical at W=1, so their runs share DDP's baseline
+        "weights": {"zero": "ddp", "zero2": "ddp"}.get(w := d.get("weights") or run.get("weights", "ddp"), w),
         # a bare loop's steps lack Lightning's hooks: neither its baseline nor its repeats mix with Lightning's
         "harness": harness(d),
     }
@@ -208,8 +208,8 @@ def strategy_label(d: dict) -> str:
     cp = d["cp"]
     if cp == "torch":
         cp += f"({d['config']['run'].get('rotate', 'allgather')})"
-    # ZeRO: AdamW state sharded over the W ranks; FSDP: parameters, gradients and state (FSDP2 per block)
-    zero = {"zero": " zero", "fsdp": " fsdp"}.get(d.get("weights"), "")
+    # ZeRO: AdamW state sharded over the W ranks (zero2: gradients too); FSDP: parameters, gradients and state
+    zero = {"zero": " zero", "zero2": " zero2", "fsdp": " fsdp"}.get(d.get("weights"), "")
     zero += "-buckets" if d["config"]["run"].get("zero_bucket_view") else ""  # ZeRO: one flat buffer per rank
     split = " split-cond" if d["config"]["run"].get("split_conditioning") else ""  # AdaLN linears split over W
     bare = BARE if harness(d) == "bare" else ""  # before " simulated": match_isolated reads the label's end

@@ -1,0 +1,106 @@
+"""--weights zero2: ZeRO-2 over all dp x cp ranks, bucketed, its collectives overlapped with the backward.
+
+What DDP + ZeRO-1 (--weights zero) sends a step: every gradient all-reduced (2 (W-1)/W x its bytes on a ring) and
+then every parameter broadcast by its owner (104 broadcasts for Flux's 2 + 4 blocks, 2.6 GB in bf16). Here, as
+DeepSpeed's ZeRO-2 and FSDP's reduce-scatter + all-gather: parameters and gradients live in flat buckets (~25 MiB,
+in reverse registration order: about the order the backward produces them); each bucket's gradient is
+reduce-scattered as soon as its last parameter's gradient is accumulated (a post-accumulate-grad hook, async, under
+the rest of the backward); AdamW steps this rank's 1/W of every bucket; each bucket's parameters are then
+all-gathered. The bytes of one all-reduce, no per-parameter traffic, the optimizer's work and state 1/W, no DDP
+wrapper, nothing on the host that a CUDA graph cannot replay (--step-graph).
+
+    opt = ShardedAdamW(model, lr=..., fused=True)   # rebinds the parameters into flat buckets (the default group)
+    opt.zero_grad(); loss.backward(); opt.step()           # the step every harness runs (flux_cp/step.py)
+"""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+
+
+class _Bucket:
+    def __init__(self, params: list[nn.Parameter], world: int, rank: int):
+        self.params = params
+        numel = sum(p.numel() for p in params)
+        self.size = -(-numel // world) * world  # padded to a multiple of W: equal shards
+        p0 = params[0]
+        self.flat = torch.zeros(self.size, dtype=p0.dtype, device=p0.device)  # the parameters
+        self.grad = torch.zeros_like(self.flat)  # their gradients
+        offset, self.grads = 0, []
+        for p in params:  # each parameter (and its gradient) a view of the bucket from here on
+            n = p.numel()
+            self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
+            p.data = self.flat[offset:offset + n].view_as(p)
+            self.grads.append(self.grad[offset:offset + n].view_as(p))
+            offset += n
+        self.attach()
+        shard = self.size // world
+        self.param_shard = self.flat.detach()[rank * shard:(rank + 1) * shard]  # AdamW's parameter: a view
+        self.param_shard.grad = self.grad[rank * shard:(rank + 1) * shard]  # the reduce-scatter's output, in place
+        self.ready = 0  # parameters whose gradient this backward has accumulated
+        self.work = None  # the bucket's reduce-scatter in flight
+
+    def attach(self) -> None:
+        """The parameters' gradients as the bucket's views (again: Lightning's fit start runs module.zero_grad(),
+        which sets them to None)."""
+        for p, g in zip(self.params, self.grads):
+            if p.grad is not g:
+                p.grad = g
+
+
+class ShardedAdamW(torch.optim.AdamW):
+    """AdamW over this rank's shard of every bucket (the parameters it steps: 1/W of the model's); see the module's
+    docstring. zero_grad keeps the gradients in their buckets (zeroed in place); full_grads=True all-gathers the
+    reduced gradients after each step (for the numerics dumps only: it doubles the traffic)."""
+
+    def __init__(self, model: nn.Module, group=None, full_grads: bool = False, **adamw):
+        self.group = group
+        self.world, rank = dist.get_world_size(group), dist.get_rank(group)
+        self.full_grads = full_grads
+        self.buckets: list[_Bucket] = []
+        chunk, nbytes = [], 0
+        for p in reversed([p for p in model.parameters() if p.requires_grad]):
+            chunk.append(p)
+            nbytes += p.numel() * p.element_size()
+            if nbytes >= BUCKET_BYTES:
+                self.buckets.append(_Bucket(chunk, self.world, rank))
+                chunk, nbytes = [], 0
+        if chunk:
+            self.buckets.append(_Bucket(chunk, self.world, rank))
+        for b in self.buckets:
+            for p in b.params:
+                p.register_post_accumulate_grad_hook(lambda p, b=b: self._accumulated(b))
+        super().__init__([b.param_shard for b in self.buckets], **adamw)
+
+    def _accumulated(self, b: _Bucket) -> None:
+        b.ready += 1
+        if b.ready == len(b.params):  # the bucket's gradient is whole: reduce-scatter it under the rest of the backward
+            self._reduce_scatter(b)
+
+    def _reduce_scatter(self, b: _Bucket) -> None:
+        b.grad.div_(self.world)  # the mean over ranks, divided first as DDP's all-reduce hook does
+        b.work = dist.reduce_scatter_tensor(b.param_shard.grad, b.grad, group=self.group, async_op=True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The gradients stay their buckets' views, zeroed (set_to_none is ignored, as under DDP's
+        gradient_as_bucket_view)."""
+        for b in self.buckets:
+            b.grad.zero_()
+            b.attach()
+            b.ready, b.work = 0, None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for b in self.buckets:
+            if b.work is None:  # a parameter without a gradient this step: its bucket goes now
+                self._reduce_scatter(b)
+            b.work.wait()
+        super().step()
+        for b in self.buckets:  # in place: this rank's shard is already where the gathered bucket puts it
+            dist.all_gather_into_tensor(b.flat, b.param_shard, group=self.group)
+            if self.full_grads:
+                dist.all_gather_into_tensor(b.grad, b.param_shard.grad, group=self.group)
+        return loss
