@@ -12,6 +12,10 @@ if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/
 fi
 OUT=${OUT:-runs/gpu_session}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_SILENT=true
+# Compiled kernels carried between calls (flux_cp/compile_cache.py): a previous call's $OUT/compile_cache.bin.gz,
+# put in .cache/ (ignored) and carried, is loaded first; this call's is written to $OUT (one of its 8 files).
+export FLUX_CP_COMPILE_CACHE_IN=${FLUX_CP_COMPILE_CACHE_IN:-.cache/compile_cache.bin.gz}
+export FLUX_CP_COMPILE_CACHE_OUT=${FLUX_CP_COMPILE_CACHE_OUT:-$OUT/compile_cache.bin.gz}
 log() { echo "== $(date -u +%FT%TZ) $*"; }
 suites=(); files=(); tests=0; tests_first=0
 for s in "$@"; do
@@ -30,7 +34,7 @@ run_tests() {
 }
 # The device returns flat files only, at most 8 of them (a 9th made a call lose its suites.tar.gz, 2026-12-04), and a
 # call cut at its limit returns what $OUT holds: keep a tarball fresh.
-(while sleep 30; do tar czf "$OUT/partial.tar.gz.tmp" -C "$OUT" --exclude=wandb --exclude='*.tar.gz*' . 2>/dev/null \
+(while sleep 30; do tar czf "$OUT/partial.tar.gz.tmp" -C "$OUT" --exclude=wandb --exclude='*.tar.gz*' --exclude='compile_cache*' . 2>/dev/null \
   && mv "$OUT/partial.tar.gz.tmp" "$OUT/partial.tar.gz"; done) &
 saver=$!
 trap 'kill $saver 2>/dev/null' EXIT

@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from flux_cp import compile_cache  # noqa: E402
 from flux_cp.config import ConfigError  # noqa: E402
 from flux_cp.failures import EXIT_CONFIG, EXIT_INTERRUPTED  # noqa: E402
 
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sweep.py: --in-process: runs of several processes ({', '.join(multi[:3])}): drop --in-process, "
                   "or keep to --devices 1 (--simulate-world for more ranks)", file=sys.stderr)
             return EXIT_CONFIG
-        main_fn = _train_bench_main()
+        main_fn = _with_compile_cache(_train_bench_main())
+        if line := compile_cache.load():  # compiled kernels of an earlier call (flux_cp/compile_cache.py)
+            console.print(line, highlight=False, soft_wrap=True)
     bad = 0
     for sweep in sweeps:
         console.print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {sweep.output}/sweep.json", highlight=False)
@@ -84,6 +87,19 @@ def main(argv: list[str] | None = None) -> int:
         if runner.stop_signal is not None:
             return EXIT_INTERRUPTED
     return 1 if bad else 0
+
+
+def _with_compile_cache(main_fn):
+    """main_fn, then this process's compiled artifacts saved if the run compiled anything new (in its log): a call
+    cut at its limit keeps what compiled before."""
+    def run(argv):
+        try:
+            return main_fn(argv)
+        finally:
+            if line := compile_cache.save():
+                print(line)
+
+    return run
 
 
 def _train_bench_main():

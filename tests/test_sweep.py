@@ -135,3 +135,38 @@ def test_in_process_sweep_trains_as_separate_processes(tmp_path):
     bad.write_text(f"name: b\nconfig: {TINY}\nbase: {{wandb_mode: disabled}}\naxes:\n  devices: [1, 2]\n")
     r = sweep(bad, "--output", tmp_path / "bad", "--in-process")
     assert r.returncode == 2 and "--in-process: runs of several processes (devices-2)" in r.stderr
+
+
+COMPILE_ONCE = """
+import torch
+from torch._dynamo.utils import counters
+from flux_cp import compile_cache
+print(compile_cache.load())
+f = torch.compile(lambda x: (x.sin() * 2 + x.cos()).sum())
+f(torch.randn(64))
+print(compile_cache.save())
+print("hits", counters["inductor"]["fxgraph_cache_hit"], "misses", counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+@pytest.mark.slow  # two processes compiling on CPU: ~40 s
+def test_compiled_artifacts_carry_to_a_fresh_process(tmp_path):
+    """flux_cp/compile_cache.py: a process that compiles writes its artifacts (FLUX_CP_COMPILE_CACHE_OUT); a fresh
+    one with its own, empty inductor cache directory loads them (FLUX_CP_COMPILE_CACHE_IN) and finds its graph
+    cached, where without them it compiles (the device's calls each start on a fresh machine)."""
+    art = tmp_path / "compile_cache.bin.gz"
+
+    def run(name, **env):
+        r = subprocess.run([sys.executable, "-c", COMPILE_ONCE], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name), **env})
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.strip().splitlines()
+
+    first = run("a", FLUX_CP_COMPILE_CACHE_OUT=str(art))
+    assert first[0] == "None" and first[1].startswith("compile cache:") and first[2] == "hits 0 misses 1"
+    assert art.stat().st_size > 0
+    second = run("b", FLUX_CP_COMPILE_CACHE_IN=str(art), FLUX_CP_COMPILE_CACHE_OUT=str(tmp_path / "again.bin.gz"))
+    assert second[0].startswith("compile cache: 2 artifacts loaded") and second[-1] == "hits 1 misses 0"
+    assert second[1] == "None"  # nothing new compiled: nothing written again
+    cold = run("c", FLUX_CP_COMPILE_CACHE_IN=str(tmp_path / "missing.bin.gz"))
+    assert "not found" in cold[0] and cold[-1] == "hits 0 misses 1"
