@@ -4,14 +4,17 @@ What DDP + ZeRO-1 (--weights zero) sends a step: every gradient all-reduced (2 (
 then every parameter broadcast by its owner (104 broadcasts for Flux's 2 + 4 blocks, 2.6 GB in bf16). Here, as
 DeepSpeed's ZeRO-2 and FSDP's reduce-scatter + all-gather: parameters and gradients live in flat buckets (~25 MiB,
 in reverse registration order: about the order the backward produces them); each bucket's gradient is
-reduce-scattered as soon as its last parameter's gradient is accumulated (a post-accumulate-grad hook, async, under
-the rest of the backward); AdamW steps this rank's 1/W of every bucket; each bucket's parameters are then
-all-gathered. The bytes of one all-reduce, no per-parameter traffic, the optimizer's work and state 1/W, no DDP
-wrapper, nothing on the host that a CUDA graph cannot replay (--step-graph).
+reduce-scattered as soon as its last parameter's gradient is accumulated (a post-accumulate-grad hook), then AdamW
+steps this rank's 1/W of the bucket and its parameters are all-gathered, all on a side stream under the rest of the
+backward (a bucket holds layers the rest of the backward no longer reads); the optimizer step waits for the
+gathers. The bytes of one all-reduce, no per-parameter traffic, the optimizer's work and state 1/W, no DDP wrapper,
+nothing on the host that a CUDA graph cannot replay (--step-graph).
 
     opt = ShardedAdamW(model, lr=..., fused=True)   # rebinds the parameters into flat buckets (the default group)
-    opt.zero_grad(); loss.backward(); opt.step()           # the step every harness runs (flux_cp/step.py)
+    opt.zero_grad(); loss.backward(); opt.step()    # the step every harness runs (flux_cp/step.py)
 """
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -21,8 +24,8 @@ BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 
 
 class _Bucket:
-    def __init__(self, params: list[nn.Parameter], world: int, rank: int):
-        self.params = params
+    def __init__(self, params: list[nn.Parameter], world: int, rank: int, index: int):
+        self.params, self.index = params, index  # index: its parameter group in ShardedAdamW
         numel = sum(p.numel() for p in params)
         self.size = -(-numel // world) * world  # padded to a multiple of W: equal shards
         p0 = params[0]
@@ -51,9 +54,9 @@ class _Bucket:
 
 
 class ShardedAdamW(torch.optim.AdamW):
-    """AdamW over this rank's shard of every bucket (the parameters it steps: 1/W of the model's); see the module's
-    docstring. zero_grad keeps the gradients in their buckets (zeroed in place); full_grads=True all-gathers the
-    reduced gradients after each step (for the numerics dumps only: it doubles the traffic)."""
+    """AdamW over this rank's shard of every bucket (the parameters it steps: 1/W of the model's), one parameter
+    group a bucket; see the module's docstring. zero_grad keeps the gradients in their buckets (zeroed in place);
+    full_grads=True all-gathers the reduced gradients too (for the numerics dumps only: it doubles the traffic)."""
 
     def __init__(self, model: nn.Module, group=None, full_grads: bool = False, **adamw):
         self.group = group
@@ -65,23 +68,43 @@ class ShardedAdamW(torch.optim.AdamW):
             chunk.append(p)
             nbytes += p.numel() * p.element_size()
             if nbytes >= BUCKET_BYTES:
-                self.buckets.append(_Bucket(chunk, self.world, rank))
+                self.buckets.append(_Bucket(chunk, self.world, rank, len(self.buckets)))
                 chunk, nbytes = [], 0
         if chunk:
-            self.buckets.append(_Bucket(chunk, self.world, rank))
+            self.buckets.append(_Bucket(chunk, self.world, rank, len(self.buckets)))
         for b in self.buckets:
             for p in b.params:
                 p.register_post_accumulate_grad_hook(lambda p, b=b: self._accumulated(b))
-        super().__init__([b.param_shard for b in self.buckets], **adamw)
+        super().__init__([{"params": [b.param_shard]} for b in self.buckets], **adamw)
+        device = self.buckets[0].flat.device if self.buckets else torch.device("cpu")
+        # On CUDA each bucket's update and gather run on a side stream, under the rest of the backward
+        self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _accumulated(self, b: _Bucket) -> None:
         b.ready += 1
-        if b.ready == len(b.params):  # the bucket's gradient is whole: reduce-scatter it under the rest of the backward
-            self._reduce_scatter(b)
+        if b.ready == len(b.params):  # its gradient is whole: sync and update it under the rest of the backward
+            self._sync(b)
 
-    def _reduce_scatter(self, b: _Bucket) -> None:
+    def _sync(self, b: _Bucket) -> None:
+        """Reduce-scatter b's gradient, step AdamW on this rank's shard, all-gather b's parameters: issued at once,
+        on CUDA on the side stream (after what the backward has issued so far), waited in step()."""
         b.grad.div_(self.world)  # the mean over ranks, divided first as DDP's all-reduce hook does
-        b.work = dist.reduce_scatter_tensor(b.param_shard.grad, b.grad, group=self.group, async_op=True)
+        rs = dist.reduce_scatter_tensor(b.param_shard.grad, b.grad, group=self.group, async_op=True)
+        compute = torch.cuda.current_stream(self.side.device) if self.side is not None else None
+        with torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext():
+            if self.side is not None:
+                self.side.wait_stream(compute)  # a backend whose work waits nothing (the fake group) orders it too
+            rs.wait()  # this stream (or, on CPU, the host) waits for the reduce-scatter
+            groups = self.param_groups
+            self.param_groups = [groups[b.index]]  # AdamW's step over b's group alone
+            try:
+                super().step()
+            finally:
+                self.param_groups = groups
+            # in place: this rank's shard is already where the gathered bucket puts it
+            b.work = [dist.all_gather_into_tensor(b.flat, b.param_shard, group=self.group, async_op=True)]
+            if self.full_grads:
+                b.work.append(dist.all_gather_into_tensor(b.grad, b.param_shard.grad, group=self.group, async_op=True))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The gradients stay their buckets' views, zeroed (set_to_none is ignored, as under DDP's
@@ -96,11 +119,10 @@ class ShardedAdamW(torch.optim.AdamW):
         loss = closure() if closure is not None else None
         for b in self.buckets:
             if b.work is None:  # a parameter without a gradient this step: its bucket goes now
-                self._reduce_scatter(b)
-            b.work.wait()
-        super().step()
-        for b in self.buckets:  # in place: this rank's shard is already where the gathered bucket puts it
-            dist.all_gather_into_tensor(b.flat, b.param_shard, group=self.group)
-            if self.full_grads:
-                dist.all_gather_into_tensor(b.grad, b.param_shard.grad, group=self.group)
+                self._sync(b)
+        if self.side is not None:
+            torch.cuda.current_stream(self.side.device).wait_stream(self.side)
+        for b in self.buckets:
+            for w in b.work:
+                w.wait()
         return loss

@@ -230,17 +230,19 @@ def test_bare_and_lightning_train_alike_on_cuda(tmp_path):
     assert len(holds) == 2 and min(holds) > host and lit["metrics"]["device_busy_ms"]["median"] < holds[0]
 
 
-@pytest.mark.parametrize("harness,cp,view", [("bare", "none", "false"), ("bare", "torch", "false"),
-                                             ("lightning", "torch", "false"), ("bare", "torch", "true")])
-def test_step_graph_trains_as_the_eager_step(tmp_path, harness, cp, view):
+@pytest.mark.parametrize("harness,cp,extra", [
+    ("bare", "none", ()), ("bare", "torch", ()), ("lightning", "torch", ()),
+    ("bare", "torch", ("--grad-bucket-view", "true")), ("bare", "torch", ("--weights", "zero2"))],
+    ids=["none", "ring", "ring-lightning", "ring-bucket-view", "ring-zero2"])
+def test_step_graph_trains_as_the_eager_step(tmp_path, harness, cp, extra):
     """--step-graph (issue 26): the whole step captured at the last warm-up step and replayed for 10 more trains
     as the eager step does, fp32: with no process group (cp none), and with torch's ring at world size 1 over a
     real NCCL group of one (DDP's reducer and its bucket all-reduce captured, AdamW's step count on the device),
-    its gradients DDP's bucket views or not (--grad-bucket-view: zeroed in place, outside the graph's pool)."""
+    its gradients DDP's bucket views (--grad-bucket-view: zeroed in place, outside the graph's pool), and under
+    ZeRO-2 (flux_cp/zero2.py: each bucket's reduce-scatter, update and gather on a side stream inside the graph)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    args = ("--harness", harness, "--cp", cp, "--precision", "32-true", "--steps", 10, "--warmup-steps", 12,
-            "--grad-bucket-view", view)
+    args = ("--harness", harness, "--cp", cp, "--precision", "32-true", "--steps", 10, "--warmup-steps", 12, *extra)
     eager = _gpu_run(tmp_path / "eager", *args)
     graph = _gpu_run(tmp_path / "graph", *args, "--step-graph", "true")
     assert graph["complete"] and len(graph["loss"]) == len(eager["loss"]) == 22
