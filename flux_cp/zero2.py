@@ -43,7 +43,7 @@ class _Bucket:
         self.param_shard = self.flat.detach()[rank * shard:(rank + 1) * shard]  # AdamW's parameter: a view
         self.param_shard.grad = self.grad[rank * shard:(rank + 1) * shard]  # the reduce-scatter's output, in place
         self.ready = 0  # parameters whose gradient this backward has accumulated
-        self.work = None  # the bucket's reduce-scatter in flight
+        self.work = None  # its all-gathers in flight (issued under the backward, waited in step)
 
     def attach(self) -> None:
         """The parameters' gradients as the bucket's views (again: Lightning's fit start runs module.zero_grad(),
