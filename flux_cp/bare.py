@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from flux_cp.config import BenchConfig
+from flux_cp.config import DDP_WEIGHTS, BenchConfig
 from flux_cp.data import DTYPES, device_batches
 from flux_cp.failures import EXIT_CODES, error_kind, error_line, error_trace, kill_tree
 from flux_cp.ledger import ledger_for
@@ -69,7 +69,7 @@ def _init_world(run) -> None:
     ranks, and one of a single rank where Lightning's DDP makes one too (torch's CP, FSDP)."""
     if run.simulate_world:
         init_fake_world(run.simulate_world, run.simulate_rank)
-    elif run.world_size > 1 or run.cp == "torch" or run.weights in ("fsdp", "zero2"):
+    elif run.world_size > 1 or run.cp == "torch" or run.weights not in DDP_WEIGHTS:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         dist.init_process_group("nccl" if run.accelerator == "gpu" else "gloo",
@@ -85,7 +85,7 @@ def wrap_for_training(model, run, device):
 
         shard_weights(model, init_device_mesh(device.type, (run.world_size,), mesh_dim_names=("data_parallel",)))
         return model, build_optimizer(model, run, device)
-    if not dist.is_initialized() or run.weights == "zero2":  # ZeRO-2: no DDP wrapper, the optimizer syncs
+    if not dist.is_initialized() or run.weights not in DDP_WEIGHTS:  # ZeRO-2: the optimizer syncs
         return model, build_optimizer(model, run, device)
     from torch.nn.parallel import DistributedDataParallel
 

@@ -6,7 +6,7 @@ with one line naming the setting and the fix (ConfigError; the entry point exits
 
 import os
 
-from flux_cp.config import HEAD_SHARDING, BenchConfig, ConfigError, DataConfig, ModelConfig, RunConfig
+from flux_cp.config import DDP_WEIGHTS, HEAD_SHARDING, BenchConfig, ConfigError, DataConfig, ModelConfig, RunConfig
 
 
 def resolve(
@@ -87,13 +87,13 @@ def resolve(
     if run.interleave_bare < 0 or run.interleave_bare == 1:
         raise ConfigError(f"--interleave-bare {run.interleave_bare}: 0 (off) or blocks of >= 2 steps (a block's "
                           "first step is left out)")
-    if run.interleave_bare and (run.harness != "lightning" or run.weights not in ("ddp", "zero")):
+    if run.interleave_bare and (run.harness != "lightning" or run.weights not in DDP_WEIGHTS):
         raise ConfigError(f"--interleave-bare {run.interleave_bare}: a bare twin inside a Lightning run of DDP or "
                           f"ZeRO weights (not --harness {run.harness} --weights {run.weights}; drop it)")
     if run.zero_bucket_view and run.weights != "zero":
         raise ConfigError(f"--zero-bucket-view true: ZeRO's flat parameter buffers need --weights zero (not "
                           f"{run.weights}; or drop --zero-bucket-view)")
-    if run.grad_bucket_view and run.weights not in ("ddp", "zero"):
+    if run.grad_bucket_view and run.weights not in DDP_WEIGHTS:
         raise ConfigError(f"--grad-bucket-view true: gradients in DDP's all-reduce buckets need --weights ddp or zero "
                           f"(--weights {run.weights} keeps its own; or drop --grad-bucket-view)")
     if run.harness == "bare":

@@ -67,6 +67,11 @@ class DataConfig:
         return self.image_tokens + self.text_tokens
 
 
+# The weights modes whose gradients DDP all-reduces (a DDP wrapper); the others (fsdp, zero2) sync their own, with no
+# wrapper, and need a process group even at world size 1
+DDP_WEIGHTS = ("ddp", "zero")
+
+
 @dataclass
 class RunConfig:
     devices: int = 1  # per node
@@ -74,7 +79,7 @@ class RunConfig:
     cp_degree: int | None = None  # ranks per CP group; default: all of them (pure CP). dp = ranks / cp_degree
     # replicated + all-reduce; the same with AdamW state sharded (ZeRO-1); gradients reduce-scattered and AdamW
     # sharded in flat buckets, parameters all-gathered (ZeRO-2, flux_cp/zero2.py); or FSDP2 sharded; over all dp x cp
-    weights: Literal["ddp", "zero", "zero2", "fsdp"] = "ddp"
+    weights: Literal["ddp", "zero", "zero2", "fsdp"] = "ddp"  # DDP_WEIGHTS run under a DDP wrapper, the others not
     # --weights zero: parameters as views of one flat buffer per rank (ZeroRedundancyOptimizer's
     # parameters_as_bucket_view): after the step each rank broadcasts its buffer, W broadcasts instead of one per
     # parameter (104 for Flux's 2 + 4 blocks), fewer host calls for the same bytes

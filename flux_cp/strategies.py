@@ -6,6 +6,7 @@ import torch
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
+from flux_cp.config import DDP_WEIGHTS
 from flux_cp.simulate import allreduce_hook, is_fake
 
 
@@ -128,7 +129,7 @@ def lightning_strategy(run):
     timeout = datetime.timedelta(seconds=run.timeout_s)  # a collective that never matches fails the run
     if run.simulate_world:  # the fake group exists already (flux_cp.simulate); Lightning keeps it
         backend = "fake"
-    if run.weights in ("fsdp", "zero2"):  # no DDP wrapper; a process group even at world size 1
+    if run.weights not in DDP_WEIGHTS:  # no DDP wrapper; a process group even at world size 1
         return ModelParallel(data_parallel_size=run.world_size, tensor_parallel_size=1,
                                      process_group_backend=backend, timeout=timeout)
     # torch's CP needs a process group (its device mesh) even at world size 1
@@ -142,7 +143,7 @@ def lightning_precision(run) -> dict:
     """The Trainer's precision arguments. Lightning's ModelParallelStrategy accepts precisions from a list of names
     without 64-true, though its DoublePrecision plugin works as bf16-true's HalfPrecision does there (module.to(dtype)
     after configure_model's fully_shard; default dtype in init and forward): under fsdp it is given as a plugin."""
-    if run.weights in ("fsdp", "zero2") and run.precision == "64-true":
+    if run.weights not in DDP_WEIGHTS and run.precision == "64-true":
         from lightning.pytorch.plugins import DoublePrecision
 
         return {"precision": None, "plugins": [DoublePrecision()]}

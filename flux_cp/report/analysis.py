@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from flux_cp.config import DDP_WEIGHTS
 from flux_cp.links import LinkProfile, for_world
 from flux_cp.predict import approximate_ledger, predict, predict_ledger
 from flux_cp.results import pooled_overhead
@@ -45,7 +46,7 @@ def misses_grad_sync(run: Run) -> bool:
     """A DDP / ZeRO run of W >= 2 whose ledger holds no gradient all-reduce: --step-graph runs before 2026-12-04
     17:00, whose ledger tracked a capture per thread, then not through the stream DDP's reducer joins it by."""
     ledger = (run.d.get("comm") or {}).get("ledger")
-    return (run.W > 1 and bool(ledger) and run.d.get("weights") in ("ddp", "zero")
+    return (run.W > 1 and bool(ledger) and run.d.get("weights") in DDP_WEIGHTS
             and not any(c["kind"] == "all_reduce" for rec in ledger for c in rec["collectives"]))
 
 
@@ -67,6 +68,25 @@ def borrow_ledgers(runs: list[Run]) -> None:
     for r in runs:
         if r.W > 1 and (misses_grad_sync(r) or r.d.get("step_graph")) and key(r) in donors:
             r.ledger_twin = _latest(donors[key(r)])[0]
+
+
+def _ledger_note(run: Run, own_ledger: bool) -> str | None:
+    """What the configuration's notes say of a W >= 2 run's ledger when it is not the run's own, whole one."""
+    misses, twin = misses_grad_sync(run), run.ledger_twin
+    if twin is not None and misses:
+        return (f"its ledger misses the backward's collectives (a --step-graph run recorded before they were: "
+                f"docs/results/2026-12-04c-h200-session.md): priced with its eager twin's, {twin.name}")
+    if twin is not None:
+        return (f"its collectives replay inside one CUDA graph (the ledger has their bytes, not their place in the "
+                f"step): placed as its eager twin's ledger places them, {twin.name}")
+    if own_ledger and misses:
+        return ("the ledger holds no gradient all-reduce (a --step-graph run recorded before its backward's "
+                "collectives were: docs/results/2026-12-04c-h200-session.md) and no eager twin among the runs has: "
+                "that communication is not priced")
+    if own_ledger and run.d.get("step_graph"):
+        return ("its collectives replay inside one CUDA graph and no eager twin among the runs places them: priced "
+                "as blocking, one after another (the upper bound)")
+    return None
 
 
 def comm_prediction(run: Run, W: int, link: LinkProfile | None) -> dict:
@@ -92,7 +112,7 @@ def comm_prediction(run: Run, W: int, link: LinkProfile | None) -> dict:
         for c in colls:
             nbytes[c.kind] = nbytes.get(c.kind, 0) + c.bytes
     # FSDP and ZeRO-2 gather weights and reduce-scatter gradients: those are the gradient sync, not the K/V exchange
-    sharded = (d.get("weights") or d["config"]["run"].get("weights")) in ("fsdp", "zero2")
+    sharded = (d.get("weights") or d["config"]["run"].get("weights")) not in DDP_WEIGHTS
     kv_kinds = [k for k in KV_KINDS if not (sharded and k in ("all_gather", "reduce_scatter"))]
     kv = sum(v for k, v in p.exposed_ms_by_kind.items() if k in kv_kinds)
     return {"source": f"{src} priced with {link.name}" + ("" if link.measured else " (profile from sources)"),
@@ -116,19 +136,8 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
         # Python never runs in a CUDA graph's replay, and the ledger listens from Python kernels
         notes.append("the ledger holds no K/V exchange (collectives replayed inside CUDA graphs, as under "
                      "reduce-overhead, never reach it): that communication is not priced")
-    if W > 1 and run.ledger_twin is not None and misses_grad_sync(run):
-        notes.append(f"its ledger misses the backward's collectives (a --step-graph run recorded before they were: "
-                     f"docs/results/2026-12-04c-h200-session.md): priced with its eager twin's, {run.ledger_twin.name}")
-    elif W > 1 and run.ledger_twin is not None:
-        notes.append(f"its collectives replay inside one CUDA graph (the ledger has their bytes, not their place in "
-                     f"the step): placed as its eager twin's ledger places them, {run.ledger_twin.name}")
-    elif W > 1 and run.d.get("step_graph") and pred["source"].startswith("ledger") and not misses_grad_sync(run):
-        notes.append("its collectives replay inside one CUDA graph and no eager twin among the runs places them: "
-                     "priced as blocking, one after another (the upper bound)")
-    elif W > 1 and pred["source"].startswith("ledger") and misses_grad_sync(run):
-        notes.append("the ledger holds no gradient all-reduce (a --step-graph run recorded before its backward's "
-                     "collectives were: docs/results/2026-12-04c-h200-session.md) and no eager twin among the runs "
-                     "has: that communication is not priced")
+    if W > 1 and (note := _ledger_note(run, pred["source"].startswith("ledger"))):
+        notes.append(note)
     # A profile that found no comm kernels at W > 1 did not classify them: the prediction stands in.
     prof_comm = "comm_attention" in bd and "comm_grad" in bd and not run.fake_collectives and W > 1
     if prof_comm and not float(bd["comm_attention"]) + float(bd["comm_grad"]) > 0:
