@@ -15,6 +15,7 @@ nothing on the host that a CUDA graph cannot replay (--step-graph).
 """
 
 import contextlib
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -53,6 +54,11 @@ class _Bucket:
                 p.grad = g
 
 
+def _accumulated(ref: weakref.ref, index: int) -> None:
+    if (opt := ref()) is not None:
+        opt._accumulated(opt.buckets[index])
+
+
 class ShardedAdamW(torch.optim.AdamW):
     """AdamW over this rank's shard of every bucket (the parameters it steps: 1/W of the model's), one parameter
     group a bucket; see the module's docstring. zero_grad keeps the gradients in their buckets (zeroed in place);
@@ -72,9 +78,13 @@ class ShardedAdamW(torch.optim.AdamW):
                 chunk, nbytes = [], 0
         if chunk:
             self.buckets.append(_Bucket(chunk, self.world, rank, len(self.buckets)))
+        # The hooks reach the optimizer by a weak reference: a parameter's hooks are held by C++ (autograd), which the
+        # garbage collector cannot see, so a strong one made parameter -> hook -> optimizer -> bucket -> parameter a
+        # cycle never collected (an in-process sweep kept every earlier zero2 run's model and state: +5-8 GiB each)
+        ref = weakref.ref(self)
         for b in self.buckets:
             for p in b.params:
-                p.register_post_accumulate_grad_hook(lambda p, b=b: self._accumulated(b))
+                p.register_post_accumulate_grad_hook(lambda p, i=b.index: _accumulated(ref, i))
         super().__init__([{"params": [b.param_shard]} for b in self.buckets], **adamw)
         device = self.buckets[0].flat.device if self.buckets else torch.device("cpu")
         # On CUDA each bucket's update and gather run on a side stream, under the rest of the backward

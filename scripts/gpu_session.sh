@@ -12,10 +12,11 @@ if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/
 fi
 OUT=${OUT:-runs/gpu_session}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_SILENT=true
-# Compiled kernels carried between calls (flux_cp/compile_cache.py): a previous call's $OUT/compile_cache.bin.gz,
-# put in .cache/ (ignored) and carried, is loaded first; this call's is written to $OUT (one of its 8 files).
-export FLUX_CP_COMPILE_CACHE_IN=${FLUX_CP_COMPILE_CACHE_IN:-.cache/compile_cache.bin.gz}
-export FLUX_CP_COMPILE_CACHE_OUT=${FLUX_CP_COMPILE_CACHE_OUT:-$OUT/compile_cache.bin.gz}
+# Compiled kernels carried between calls (flux_cp/compile_cache.py): earlier calls' $OUT/compile_cache.bin.xz, each
+# put in .cache/ under its own name (ignored; a call saves only what it used) and carried, are loaded first; this
+# call's is written to $OUT (one of its 8 files).
+export FLUX_CP_COMPILE_CACHE_IN=${FLUX_CP_COMPILE_CACHE_IN:-.cache/*.bin.xz}
+export FLUX_CP_COMPILE_CACHE_OUT=${FLUX_CP_COMPILE_CACHE_OUT:-$OUT/compile_cache.bin.xz}
 log() { echo "== $(date -u +%FT%TZ) $*"; }
 suites=(); files=(); tests=0; tests_first=0
 for s in "$@"; do

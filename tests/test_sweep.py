@@ -154,7 +154,7 @@ def test_compiled_artifacts_carry_to_a_fresh_process(tmp_path):
     """flux_cp/compile_cache.py: a process that compiles writes its artifacts (FLUX_CP_COMPILE_CACHE_OUT); a fresh
     one with its own, empty inductor cache directory loads them (FLUX_CP_COMPILE_CACHE_IN) and finds its graph
     cached, where without them it compiles (the device's calls each start on a fresh machine)."""
-    art = tmp_path / "compile_cache.bin.gz"
+    art = tmp_path / "compile_cache.bin.xz"
 
     def run(name, **env):
         r = subprocess.run([sys.executable, "-c", COMPILE_ONCE], cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -165,7 +165,9 @@ def test_compiled_artifacts_carry_to_a_fresh_process(tmp_path):
     first = run("a", FLUX_CP_COMPILE_CACHE_OUT=str(art))
     assert first[0] == "None" and first[1].startswith("compile cache:") and first[2] == "hits 0 misses 1"
     assert art.stat().st_size > 0
-    second = run("b", FLUX_CP_COMPILE_CACHE_IN=str(art), FLUX_CP_COMPILE_CACHE_OUT=str(tmp_path / "again.bin.gz"))
+    # as gpu_session.sh names them: a glob (each call's file kept under its own name)
+    second = run("b", FLUX_CP_COMPILE_CACHE_IN=str(tmp_path / "*.bin.xz"),
+                 FLUX_CP_COMPILE_CACHE_OUT=str(tmp_path / "again.bin.gz"))
     assert second[0].startswith("compile cache: 2 artifacts loaded") and second[-1] == "hits 1 misses 0"
     assert second[1] == "None"  # nothing new compiled: nothing written again
     cold = run("c", FLUX_CP_COMPILE_CACHE_IN=str(tmp_path / "missing.bin.gz"))

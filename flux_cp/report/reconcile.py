@@ -234,5 +234,5 @@ def _w1_refs(configs: list[Config], mine: list[Config]) -> dict:
     user = [a for a, c in w1 if a["cp"] == "torch" and c.key.get("compile") == "off"]
     best = min(w1, key=lambda x: x[0]["step_ms"], default=None)
     return {"user": {"ms": min(a["step_ms"] for a in user), "what": W1_REFS["user"]} if user else None,
-            "best": {"ms": best[0]["step_ms"], "what": f"the best W=1 step ({_shown(best[1])}, compile "
+            "best": {"ms": best[0]["step_ms"], "what": f"the best W=1 step ({best[0]['run']}, compile "
                                                      f"{best[1].key.get('compile')})"} if best else None}

@@ -242,8 +242,13 @@ class Config:
         k = self.key
         return (f"{self.strategy}: S={k['seq_len']}, batch {k['batch']}, {k['heads']}x{k['head_dim']} heads, "
                 f"blocks {k['blocks']}, {k['precision']}, compile {k['compile']}, SDPA {k['sdpa_backend']}, "
-                f"weights {k.get('weights', 'ddp')}{' + ZeRO optimizer' if ' zero' in self.strategy else ''}, "
-                f"{k['device']}")
+                f"weights {self._weights()}, {k['device']}")
+
+    def _weights(self) -> str:
+        """The key's weights (zero and zero2 share DDP's) with what the strategy label adds."""
+        if " zero2" in self.strategy:
+            return "ZeRO-2 (gradients reduce-scattered, optimizer sharded, no DDP wrapper)"
+        return self.key.get("weights", "ddp") + (" + ZeRO optimizer" if " zero" in self.strategy else "")
 
 
 def _latest(runs: list[Run]) -> tuple[Run, list[Run]]:
