@@ -91,6 +91,9 @@ class RunConfig:
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu if CUDA is visible
     cp: CP = "auto"  # CP strategy; auto: none on one rank, torch on GPUs, allgather-kv on CPU
     rotate: Literal["allgather", "alltoall"] = "allgather"  # torch ring: how K/V shards move
+    # ulysses: q, k and v sent to their head groups in one all-to-all (fused) or one each (separate: runs before
+    # 2026-12-04 20:30 UTC, whose summaries lack the setting)
+    ulysses_qkv: Literal["fused", "separate"] = "fused"
     sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"  # SDPA kernel (auto: torch's pick)
     precision: Literal["bf16-true", "32-true", "64-true"] = "bf16-true"  # weights, activations and batches
     steps: int = 20  # measured steps
@@ -182,8 +185,8 @@ class BenchConfig:
 
 # --help groups of the run settings (fields not named here: "Run")
 RUN_GROUPS = {
-    "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "rotate", "sdpa_backend",
-                    "split_conditioning", "simulate_world", "simulate_rank"),
+    "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "rotate", "ulysses_qkv",
+                    "sdpa_backend", "split_conditioning", "simulate_world", "simulate_rank"),
     "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",

@@ -288,7 +288,8 @@ class OpBench:
         self.cuda = device.type == "cuda"
         self.device = device
         self.strategy = None if run.simulate_world else make_strategy(run.cp, rank, world_size, device,
-                                                                      run.sdpa_backend, run.rotate)
+                                                                      run.sdpa_backend, run.rotate,
+                                                                      ulysses_qkv=run.ulysses_qkv)
         self.factory = OpFactory(cfg, self.strategy, device, self.cuda)
         self.timer = Timer(self.cuda, barrier, run.reps or (100 if self.cuda else CPU_REPS), reduce_max)
         self.rows: list[dict] = []
@@ -328,7 +329,7 @@ class OpBench:
         run = self.cfg.run
         init_fake_world(world, 0)
         self.strategy = self.factory.strategy = make_strategy(run.cp, 0, world, self.device, run.sdpa_backend,
-                                                              run.rotate)
+                                                              run.rotate, ulysses_qkv=run.ulysses_qkv)
 
     def run_case(self, seq_len: int, world: int, simulated: bool):
         f, run = self.factory, self.cfg.run

@@ -96,7 +96,8 @@ class _GatherSeq(torch.autograd.Function):
 
 
 class _SeqToHeads(torch.autograd.Function):
-    """(B, H, S_l, D) sequence-sharded -> (B, H/W, S, D) head-sharded, by one all-to-all."""
+    """(N, B, H, S_l, D) sequence-sharded -> (N, B, H/W, S, D) head-sharded, by one all-to-all (N: tensors sent
+    together, e.g. q, k and v)."""
 
     @staticmethod
     def forward(ctx, x, group, world):
@@ -134,24 +135,24 @@ def _heads_to_seq(y, group, world):
 
 
 # The layouts around the two all-to-alls: chunk j of a send buffer goes to rank j.
-def _by_head_group(x, world):  # (B, H, S_l, D) -> (W, B, H/W, S_l, D), chunk j: head group j
-    b, h, s, d = x.shape
-    return x.reshape(b, world, h // world, s, d).transpose(0, 1).contiguous()
+def _by_head_group(x, world):  # (N, B, H, S_l, D) -> (W, N, B, H/W, S_l, D), chunk j: head group j
+    n, b, h, s, d = x.shape
+    return x.reshape(n, b, world, h // world, s, d).permute(2, 0, 1, 3, 4, 5).contiguous()
 
 
-def _join_seq(x):  # (W, B, H/W, S_l, D), chunk r: tokens of rank r -> (B, H/W, W * S_l, D)
-    w, b, h, s, d = x.shape
-    return x.permute(1, 2, 0, 3, 4).reshape(b, h, w * s, d)
+def _join_seq(x):  # (W, N, B, H/W, S_l, D), chunk r: tokens of rank r -> (N, B, H/W, W * S_l, D)
+    w, n, b, h, s, d = x.shape
+    return x.permute(1, 2, 3, 0, 4, 5).reshape(n, b, h, w * s, d)
 
 
-def _by_seq_chunk(y, world):  # (B, H/W, S, D) -> (W, B, H/W, S/W, D), chunk j: rank j's tokens
-    b, h, s, d = y.shape
-    return y.reshape(b, h, world, s // world, d).permute(2, 0, 1, 3, 4).contiguous()
+def _by_seq_chunk(y, world):  # (N, B, H/W, S, D) -> (W, N, B, H/W, S/W, D), chunk j: rank j's tokens
+    n, b, h, s, d = y.shape
+    return y.reshape(n, b, h, world, s // world, d).permute(3, 0, 1, 2, 4, 5).contiguous()
 
 
-def _join_heads(x):  # (W, B, H/W, S_l, D), chunk r: head group r -> (B, H, S_l, D)
-    w, b, h, s, d = x.shape
-    return x.transpose(0, 1).reshape(b, w * h, s, d)
+def _join_heads(x):  # (W, N, B, H/W, S_l, D), chunk r: head group r -> (N, B, H, S_l, D)
+    w, n, b, h, s, d = x.shape
+    return x.permute(1, 2, 0, 3, 4, 5).reshape(n, b, w * h, s, d)
 
 
 # ---------------------------------------------------------------- strategies
@@ -219,6 +220,10 @@ class AllGatherKV(CPStrategy):
 class Ulysses(CPStrategy):
     name = "ulysses"
 
+    def __init__(self, *args, qkv: str = "fused", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.qkv = qkv  # fused: q, k and v to heads in one all-to-all; separate: one each (DeepSpeed-Ulysses')
+
     def sdpa_shapes(self, b, h, s_local, d):
         full = (b, h // self.world, s_local * self.world, d)  # H/W heads over the whole sequence
         return full, full
@@ -229,9 +234,12 @@ class Ulysses(CPStrategy):
         if q.shape[1] % self.world:
             raise ValueError(f"ulysses: {q.shape[1]} heads are not divisible by the CP world {self.world} (it shards "
                              "heads: pick a world dividing them, or allgather-kv)")
-        q, k, v = (_SeqToHeads.apply(x, self.group, self.world) for x in (q, k, v))
+        if self.qkv == "fused":  # the same bytes in a third of the collectives (each pays a launch and a latency)
+            q, k, v = _SeqToHeads.apply(torch.stack([q, k, v]), self.group, self.world).unbind(0)
+        else:
+            q, k, v = (_SeqToHeads.apply(x[None], self.group, self.world)[0] for x in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v)  # (B, H/W, S, D)
-        return _HeadsToSeq.apply(out, self.group, self.world)
+        return _HeadsToSeq.apply(out[None], self.group, self.world)[0]
 
 
 class TorchRing(CPStrategy):
@@ -274,9 +282,9 @@ STRATEGY_CLASSES = {c.name: c for c in (CPStrategy, AllGatherKV, Ulysses, TorchR
 
 
 def make_strategy(name: str, rank: int, world: int, device, sdpa_backend="auto", rotate="allgather",
-                  mesh=None) -> CPStrategy:
+                  mesh=None, ulysses_qkv="fused") -> CPStrategy:
     """rank, world: within the CP group, whose 1-D DeviceMesh is `mesh` (flux_cp.mesh.build_mesh(...)["cp"])."""
-    kwargs = {"rotate": rotate} if name == "torch" else {}
+    kwargs = {"rotate": rotate} if name == "torch" else {"qkv": ulysses_qkv} if name == "ulysses" else {}
     return STRATEGY_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, mesh=mesh, **kwargs)
 
 

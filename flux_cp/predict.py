@@ -149,7 +149,8 @@ def approximate_ledger(d: dict, W: int, optimizer_ms: float | None = None, step_
     Phases: the optimizer last (its profiled time, else 10% of the step), backward 2/3 of the rest.
     Blocks spread evenly over forward and backward; per block and direction, as the strategies run them:
       allgather-kv: one all-gather of K and V (blocking); backward reduce-scatters dK, dV (blocking);
-      ulysses: 4 all-to-alls (q, k, v in, out back) of the local (B, H, S/W, D), blocking, each direction;
+      ulysses: q, k, v in (one all-to-all of the three, or one each: ulysses_qkv) and the output back, of the
+        local (B, H, S/W, D) each, blocking, each direction;
       torch ring, allgather rotation: all-gather K, V (blocking) each direction; backward rotates dK, dV
         around the ring (W-1 sends of the local chunk, asynchronous, each consumed one chunk later);
       torch ring, alltoall rotation: the K, V chunks move by W-1 sends as well, overlapped the same way.
@@ -182,8 +183,9 @@ def approximate_ledger(d: dict, W: int, optimizer_ms: float | None = None, step_
                 if cp == "allgather-kv":  # K and V in one buffer
                     colls.append(Collective("all_gather" if phase == "fwd" else "reduce_scatter", 2 * bhsd, W, t))
                 elif cp == "ulysses":
-                    colls += [Collective("all_to_all", bhsd / W, W, t)] * 3 + [Collective("all_to_all", bhsd / W, W,
-                                                                                           t + 0.5 * dt)]
+                    qkv = ([Collective("all_to_all", 3 * bhsd / W, W, t)] if run.get("ulysses_qkv", "separate")
+                           == "fused" else [Collective("all_to_all", bhsd / W, W, t)] * 3)
+                    colls += qkv + [Collective("all_to_all", bhsd / W, W, t + 0.5 * dt)]
                 else:  # torch ring
                     sends = (W - 1) * (phase == "bwd")  # dK, dV go around the ring in backward
                     if rotate == "allgather":

@@ -64,7 +64,8 @@ class FluxStep:
         run, data = cfg.run, cfg.data
         rank, world = (cp_mesh.get_local_rank(), cp_mesh.size()) if cp_mesh is not None else (0, 1)  # in the CP group
         self.timer = timer
-        self.strategy = make_strategy(run.cp, rank, world, device, run.sdpa_backend, run.rotate, mesh=cp_mesh)
+        self.strategy = make_strategy(run.cp, rank, world, device, run.sdpa_backend, run.rotate, mesh=cp_mesh,
+                                      ulysses_qkv=run.ulysses_qkv)
         apply_cp(model, self.strategy, timer)
         if run.split_conditioning:
             split_conditioning(model, self.strategy)

@@ -22,6 +22,8 @@ from .conftest import assert_exact, exact_run
         # --grad-bucket-view: gradients are views into DDP's buckets, zeroed in place (the views themselves:
         # tests/test_mesh.py)
         (2, "ulysses", ("--weights", "zero", "--grad-bucket-view", "true")),
+        # q, k and v in an all-to-all each (the default sends them in one)
+        (2, "ulysses", ("--ulysses-qkv", "separate")),
     ],
 )
 def test_cp_matches_single_process(single_process, tmp_path, devices, cp, extra):

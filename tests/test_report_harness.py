@@ -66,7 +66,7 @@ def bare_runs(root):
     # newer than the Lightning runs: were they mixed, the latest W=1 baseline and W=2 row would be these
     put(root, "bare-w1", summary(W1, "bare-w1", "bare"), age=10)
     put(root, "bare-w2", summary(W2, "bare-w2", "bare"), age=9)
-    put(root, "bare-w2-ulysses", summary(W2, "bare-w2-ulysses", "bare", cp="ulysses"), age=8)
+    put(root, "bare-w2-ulysses", summary(W2, "bare-w2-ulysses", "bare", cp="ulysses", ulysses_qkv="fused"), age=8)
 
 
 def lightning_configs(rep: dict) -> list[dict]:

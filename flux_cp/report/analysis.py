@@ -53,13 +53,17 @@ def misses_grad_sync(run: Run) -> bool:
 def borrow_ledgers(runs: list[Run]) -> None:
     """Each --step-graph run, and each run whose ledger misses its gradient sync, is priced with an eager twin's
     ledger (no CUDA graph: every collective recorded where the step issues and waits on it), of the same device,
-    model, data, precision, strategy, weights mode and W. A step graph's own ledger holds the same collectives and
-    bytes (tests/test_gpu.py) but not where they sit in the step (a replay is one launch): priced from it alone they
-    would all be blocking. Compiling does not change a step's collectives (tests/test_recipes.py)."""
+    model, data, precision, strategy (and the settings that change its collectives), weights mode and W. A step
+    graph's own ledger holds the same collectives and bytes (tests/test_gpu.py) but not where they sit in the step (a
+    replay is one launch): priced from it alone they would all be blocking. Compiling does not change a step's
+    collectives (tests/test_recipes.py)."""
     def key(r: Run) -> str:
         run = r.d["config"]["run"]
         return json.dumps([r.d["env"]["device"], r.d["config"]["model"], r.d["config"]["data"], run["precision"],
-                           r.d["cp"], run.get("rotate"), r.d.get("weights"), r.W], sort_keys=True)
+                           r.d["cp"], run.get("rotate"), r.d.get("weights"), r.W,
+                           # what changes the collectives themselves (absent from older summaries: their defaults)
+                           run.get("ulysses_qkv", "separate") if r.d["cp"] == "ulysses" else None,
+                           bool(run.get("split_conditioning")), bool(run.get("zero_bucket_view"))], sort_keys=True)
 
     donors: dict[str, list[Run]] = {}
     for r in runs:
