@@ -92,7 +92,7 @@ class RunConfig:
     cp: CP = "auto"  # CP strategy; auto: none on one rank, torch on GPUs, allgather-kv on CPU
     rotate: Literal["allgather", "alltoall"] = "allgather"  # torch ring: how K/V shards move
     # ulysses: q, k and v sent to their head groups in one all-to-all (fused) or one each (separate: runs before
-    # 2026-12-04 20:30 UTC, whose summaries lack the setting)
+    # 2026-12-04 20:00 UTC, whose summaries lack the setting)
     ulysses_qkv: Literal["fused", "separate"] = "fused"
     sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"  # SDPA kernel (auto: torch's pick)
     precision: Literal["bf16-true", "32-true", "64-true"] = "bf16-true"  # weights, activations and batches
