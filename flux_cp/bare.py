@@ -153,6 +153,7 @@ def _run(cfg: BenchConfig, report) -> int:
                     wall["warm"] = time.time()
                 if run.dump_grads and i == 0:
                     _save(rank, run, full_grads(model), "grads_step0.pt")
+        step.finish(opt)
         wall["end"] = time.time()
         summary.header["memory"] = peak_memory(timer.cuda)  # this rank's, over the steps
         if run.dump_params:

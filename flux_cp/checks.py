@@ -96,6 +96,9 @@ def resolve(
     if run.grad_bucket_view and run.weights not in DDP_WEIGHTS:
         raise ConfigError(f"--grad-bucket-view true: gradients in DDP's all-reduce buckets need --weights ddp or zero "
                           f"(--weights {run.weights} keeps its own; or drop --grad-bucket-view)")
+    if run.zero2_gather != "backward" and run.weights != "zero2":
+        raise ConfigError(f"--zero2-gather {run.zero2_gather}: where ZeRO-2 gathers its parameters needs --weights "
+                          f"zero2 (not {run.weights}; or drop --zero2-gather)")
     if run.harness == "bare":
         _check_bare(run)
     if run.sync_debug and run.accelerator != "gpu":

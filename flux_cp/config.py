@@ -88,6 +88,9 @@ class RunConfig:
     # zeroed in place, not freed: DDP then copies no gradient into its buckets or back (2 x the model's gradient bytes
     # a step, 2.6 GB at Flux's 2 + 4 blocks in bf16), and a step graph keeps them at static addresses
     grad_bucket_view: bool = False
+    # --weights zero2: each bucket's parameters all-gathered under the backward that reduced it (backward), or under
+    # the next step's forward, each unit of the forward waiting for its own buckets' (forward, as FSDP prefetches)
+    zero2_gather: Literal["backward", "forward"] = "backward"
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu if CUDA is visible
     cp: CP = "auto"  # CP strategy; auto: none on one rank, torch on GPUs, allgather-kv on CPU
     rotate: Literal["allgather", "alltoall"] = "allgather"  # torch ring: how K/V shards move
@@ -185,7 +188,8 @@ class BenchConfig:
 
 # --help groups of the run settings (fields not named here: "Run")
 RUN_GROUPS = {
-    "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "rotate", "ulysses_qkv",
+    "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "zero2_gather",
+                    "rotate", "ulysses_qkv",
                     "sdpa_backend", "split_conditioning", "simulate_world", "simulate_rank"),
     "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step

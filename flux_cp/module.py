@@ -116,6 +116,7 @@ class FluxCPModule(L.LightningModule):
 
     def on_train_end(self):
         if self.step is not None:  # before Lightning's atexit destroy_process_group (flux_cp/graphs.py: why)
+            self.step.finish(self.optimizers().optimizer)
             self.step.close()
         if self.cfg.run.dump_params:
             self._save(full_params(self.model), "params_final.pt")  # every rank: gathering FSDP's shards

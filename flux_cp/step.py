@@ -98,6 +98,12 @@ class FluxStep:
         """Whether the next call replays the step graph (no Python of the step runs: no optimizer.step call)."""
         return self.graph is not None and self.graph.graph is not None
 
+    def finish(self, opt) -> None:
+        """After the last step: the parameters whole (ZeRO-2 gathering in the forward leaves them stale between
+        steps), before anything reads them."""
+        if hasattr(opt, "flush"):
+            opt.flush()
+
     def close(self) -> None:
         """Release what the step holds on the device that must go before the process group does (the step graph)."""
         if self.graph is not None:

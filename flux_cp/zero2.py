@@ -12,9 +12,18 @@ nothing on the host that a CUDA graph cannot replay (--step-graph).
 
     opt = ShardedAdamW(model, lr=..., fused=True)   # rebinds the parameters into flat buckets (the default group)
     opt.zero_grad(); loss.backward(); opt.step()    # the step every harness runs (flux_cp/step.py)
+    opt.flush()                                     # after the last step (gather="forward": parameters whole again)
+
+gather="forward" (--zero2-gather forward) moves the all-gathers out of the backward into the next step's forward, as
+FSDP prefetches: the forward's first call issues every bucket's gather on the side stream, in forward order, and
+each unit of the forward (an embedder, a block, the output layers) waits for its own buckets' gathers before it
+runs. At W=8 the backward cannot hide both the reduce-scatters and the gathers (docs/results/2026-12-04e-h200-
+session.md): the forward takes the gathers. Between steps the parameters are stale (this rank's shards updated,
+the rest not yet gathered): flush() gathers them whole.
 """
 
 import contextlib
+import functools
 import weakref
 
 import torch
@@ -44,7 +53,9 @@ class _Bucket:
         self.param_shard = self.flat.detach()[rank * shard:(rank + 1) * shard]  # AdamW's parameter: a view
         self.param_shard.grad = self.grad[rank * shard:(rank + 1) * shard]  # the reduce-scatter's output, in place
         self.ready = 0  # parameters whose gradient this backward has accumulated
-        self.work = None  # its all-gathers in flight (issued under the backward, waited in step)
+        self.work = None  # its collectives in flight (issued under the backward, waited in step)
+        self.stale = False  # gather="forward": its shard updated, its parameters not yet gathered
+        self.gathered = None  # gather="forward": the gather issued, waited by the first unit that reads the bucket
 
     def attach(self) -> None:
         """The parameters' gradients as the bucket's views (again: Lightning's fit start runs module.zero_grad(),
@@ -59,13 +70,36 @@ def _accumulated(ref: weakref.ref, index: int) -> None:
         opt._accumulated(opt.buckets[index])
 
 
+# Forward pre-hooks of gather="forward", run eagerly: inside a compiled block dynamo would trace their stream waits
+@torch._dynamo.disable
+def _gather_all(ref: weakref.ref, module, args) -> None:
+    if (opt := ref()) is not None:
+        opt._gather_stale()
+
+
+@torch._dynamo.disable
+def _wait_gathered(ref: weakref.ref, indices: tuple, module, args) -> None:
+    if (opt := ref()) is not None:
+        for i in indices:
+            opt._wait(opt.buckets[i])
+
+
+def _units(model: nn.Module):
+    """The forward's units, each run whole before the next: the model's children, module lists expanded (Flux: the
+    embedders, every block, the output norm and projection)."""
+    for child in model.children():
+        yield from (child if isinstance(child, nn.ModuleList) else [child])
+
+
 class ShardedAdamW(torch.optim.AdamW):
     """AdamW over this rank's shard of every bucket (the parameters it steps: 1/W of the model's), one parameter
     group a bucket; see the module's docstring. zero_grad keeps the gradients in their buckets (zeroed in place);
     full_grads=True all-gathers the reduced gradients too (for the numerics dumps only: it doubles the traffic)."""
 
-    def __init__(self, model: nn.Module, group=None, full_grads: bool = False, **adamw):
-        self.group = group
+    def __init__(self, model: nn.Module, group=None, full_grads: bool = False, gather: str = "backward", **adamw):
+        if gather not in ("backward", "forward"):
+            raise ValueError(f"ShardedAdamW: gather={gather!r}: 'backward' or 'forward'")
+        self.group, self.gather = group, gather
         self.world, rank = dist.get_world_size(group), dist.get_rank(group)
         self.full_grads = full_grads
         self.buckets: list[_Bucket] = []
@@ -89,6 +123,12 @@ class ShardedAdamW(torch.optim.AdamW):
         device = self.buckets[0].flat.device if self.buckets else torch.device("cpu")
         # On CUDA each bucket's update and gather run on a side stream, under the rest of the backward
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        if gather == "forward":  # the forward issues the gathers and each unit waits for its own buckets'
+            model.register_forward_pre_hook(functools.partial(_gather_all, ref))
+            where = {id(p): b.index for b in self.buckets for p in b.params}
+            for unit in _units(model):
+                if idx := tuple(sorted({where[id(p)] for p in unit.parameters() if id(p) in where})):
+                    unit.register_forward_pre_hook(functools.partial(_wait_gathered, ref, idx))
 
     def _accumulated(self, b: _Bucket) -> None:
         b.ready += 1
@@ -111,10 +151,48 @@ class ShardedAdamW(torch.optim.AdamW):
                 super().step()
             finally:
                 self.param_groups = groups
-            # in place: this rank's shard is already where the gathered bucket puts it
-            b.work = [dist.all_gather_into_tensor(b.flat, b.param_shard, group=self.group, async_op=True)]
+            b.work = []
+            if self.gather == "backward":  # in place: this rank's shard is already where the gathered bucket puts it
+                b.work.append(dist.all_gather_into_tensor(b.flat, b.param_shard, group=self.group, async_op=True))
+            else:
+                b.stale = True
             if self.full_grads:
                 b.work.append(dist.all_gather_into_tensor(b.grad, b.param_shard.grad, group=self.group, async_op=True))
+
+    def _gather_stale(self) -> None:
+        """gather="forward": issue every stale bucket's all-gather, in forward order (the buckets are in backward
+        order), on CUDA on the side stream (after this rank's update there)."""
+        compute = torch.cuda.current_stream(self.side.device) if self.side is not None else None
+        with torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext():
+            if self.side is not None:
+                self.side.wait_stream(compute)
+            for b in reversed(self.buckets):
+                if b.stale:
+                    work = dist.all_gather_into_tensor(b.flat, b.param_shard, group=self.group, async_op=True)
+                    if self.side is not None:
+                        work.wait()  # this (side) stream waits for the gather (the fake group's: nothing)
+                        b.gathered = torch.cuda.Event()
+                        b.gathered.record(self.side)
+                    else:
+                        b.gathered = work
+                    b.stale = False
+
+    def _wait(self, b: _Bucket) -> None:
+        """The current stream (on CPU the host) waits for b's gather, if one is in flight."""
+        if b.gathered is None:
+            return
+        if isinstance(b.gathered, torch.cuda.Event):
+            torch.cuda.current_stream(self.side.device).wait_event(b.gathered)
+        else:
+            b.gathered.wait()
+        b.gathered = None
+
+    def flush(self) -> None:
+        """Every parameter whole again (gather="forward" leaves them stale after a step): after the last step, before
+        reading them (a checkpoint, the numerics dumps). Nothing to do under gather="backward"."""
+        self._gather_stale()
+        for b in self.buckets:
+            self._wait(b)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The gradients stay their buckets' views, zeroed (set_to_none is ignored, as under DDP's

@@ -232,14 +232,16 @@ def test_bare_and_lightning_train_alike_on_cuda(tmp_path):
 
 @pytest.mark.parametrize("harness,cp,extra", [
     ("bare", "none", ()), ("bare", "torch", ()), ("lightning", "torch", ()),
-    ("bare", "torch", ("--grad-bucket-view", "true")), ("bare", "torch", ("--weights", "zero2"))],
-    ids=["none", "ring", "ring-lightning", "ring-bucket-view", "ring-zero2"])
+    ("bare", "torch", ("--grad-bucket-view", "true")), ("bare", "torch", ("--weights", "zero2")),
+    ("lightning", "torch", ("--weights", "zero2", "--zero2-gather", "forward"))],
+    ids=["none", "ring", "ring-lightning", "ring-bucket-view", "ring-zero2", "ring-zero2-forward-lightning"])
 def test_step_graph_trains_as_the_eager_step(tmp_path, harness, cp, extra):
     """--step-graph (issue 26): the whole step captured at the last warm-up step and replayed for 10 more trains
     as the eager step does, fp32: with no process group (cp none), and with torch's ring at world size 1 over a
     real NCCL group of one (DDP's reducer and its bucket all-reduce captured, AdamW's step count on the device),
     its gradients DDP's bucket views (--grad-bucket-view: zeroed in place, outside the graph's pool), and under
-    ZeRO-2 (flux_cp/zero2.py: each bucket's reduce-scatter, update and gather on a side stream inside the graph)."""
+    ZeRO-2 (flux_cp/zero2.py: each bucket's reduce-scatter, update and gather on a side stream inside the graph;
+    or the gathers under the next forward, each block waiting for its buckets' event, the last step's flushed)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     args = ("--harness", harness, "--cp", cp, "--precision", "32-true", "--steps", 10, "--warmup-steps", 12, *extra)
@@ -250,7 +252,8 @@ def test_step_graph_trains_as_the_eager_step(tmp_path, harness, cp, extra):
 
 
 @pytest.mark.parametrize("harness,compile_,weights", [("bare", "false", "zero"), ("bare", "true", "zero"),
-                                                     ("lightning", "false", "zero"), ("bare", "false", "zero2")])
+                                                     ("lightning", "false", "zero"), ("bare", "false", "zero2"),
+                                                     ("bare", "true", "zero2-forward")])
 def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_, weights):
     """--step-graph on issue 26's recipe, Ulysses + ZeRO as rank 0 of a 2-rank fake-group job (eager, and compiled
     per block inside the graph): the run completes, and its instrumented steps' ledger holds what the graph
@@ -258,7 +261,9 @@ def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_
     autograd's hooks, and all-gathers), the eager step's bytes."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    args = ("--harness", harness, "--cp", "ulysses", "--weights", weights, "--simulate-world", 2, "--precision",
+    weights = ("--weights", "zero2", "--zero2-gather", "forward") if weights == "zero2-forward" else (
+        "--weights", weights)  # zero2-forward: the gathers under the next forward, compiled blocks' hooks eager
+    args = ("--harness", harness, "--cp", "ulysses", *weights, "--simulate-world", 2, "--precision",
             "bf16-true", "--steps", 4, "--warmup-steps", 12, "--compile", compile_)
     graph = _gpu_run(tmp_path / "graph", *args, "--step-graph", "true")
     eager = _gpu_run(tmp_path / "eager", *args)

@@ -166,6 +166,24 @@ def test_grad_bucket_view_keeps_gradients_in_ddps_buckets(tmp_path, weights):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("harness,cp", [("bare", "ulysses"), ("lightning", "allgather-kv")])
+def test_zero2_gathering_in_the_forward_trains_like_one_process(single_process, tmp_path, harness, cp):
+    """--zero2-gather forward: each bucket's parameters gathered under the next step's forward (each unit of the
+    forward waiting for its own buckets), the last step's after it (flush): every loss of 10 steps, the first step's
+    gradients and the final parameters as one process's, fp64, 2 gloo ranks; the same collectives and bytes as
+    gathering under the backward (--dump-grads' gradient gathers included)."""
+    got = exact_run(tmp_path, "--devices", 2, "--cp", cp, "--weights", "zero2", "--zero2-gather", "forward",
+                    "--harness", harness)
+    d = got["summary"]
+    assert (d["harness"], d["weights"], d["config"]["run"]["zero2_gather"]) == (harness, "zero2", "forward")
+    assert_exact(got, single_process(1), rtol=1e-12 if harness == "bare" else 1e-10)
+    sent = {k: v["bytes"] for k, v in d["comm"]["per_step"].items()}
+    assert set(sent) == {"all_to_all" if cp == "ulysses" else "all_gather", "reduce_scatter", "all_gather"} - {None}
+    if cp == "ulysses":
+        assert sent["reduce_scatter"] == 2 * d["optimizer_params"] * 8 and sent["all_gather"] == 2 * sent[
+            "reduce_scatter"]
+
+
 def test_a_dropped_zero2_optimizer_frees_its_model_and_state(tmp_path):
     """The model, its buckets and their AdamW state go with the last reference to them: an in-process sweep runs
     one configuration after another (on the H200 each earlier zero2 run stayed allocated, +5-8 GiB a run, while the
