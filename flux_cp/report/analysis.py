@@ -63,7 +63,8 @@ def borrow_ledgers(runs: list[Run]) -> None:
                            r.d["cp"], run.get("rotate"), r.d.get("weights"), r.W,
                            # what changes the collectives themselves (absent from older summaries: their defaults)
                            run.get("ulysses_qkv", "separate") if r.d["cp"] == "ulysses" else None,
-                           bool(run.get("split_conditioning")), bool(run.get("zero_bucket_view"))], sort_keys=True)
+                           bool(run.get("split_conditioning")), bool(run.get("zero_bucket_view")),
+                           run.get("zero2_gather", "backward")], sort_keys=True)  # ...or where they are waited on
 
     donors: dict[str, list[Run]] = {}
     for r in runs:

@@ -211,6 +211,7 @@ def strategy_label(d: dict) -> str:
     # ZeRO: AdamW state sharded over the W ranks (zero2: gradients too); FSDP: parameters, gradients and state
     zero = {"zero": " zero", "zero2": " zero2", "fsdp": " fsdp"}.get(d.get("weights"), "")
     zero += "-buckets" if d["config"]["run"].get("zero_bucket_view") else ""  # ZeRO: one flat buffer per rank
+    zero += "-fwdgather" if d["config"]["run"].get("zero2_gather") == "forward" else ""  # gathers in the forward
     if d["cp"] == "ulysses" and d["config"]["run"].get("ulysses_qkv", "separate") == "separate":
         cp += " qkv-separate"  # q, k, v in an all-to-all each (every run before the setting existed)
     split = " split-cond" if d["config"]["run"].get("split_conditioning") else ""  # AdaLN linears split over W
