@@ -40,9 +40,10 @@ def test_devices_2_on_cpu_writes_a_valid_summary(two_ranks):
         assert m["n"] == kinds["plain" if name in ("step_ms", "host_ms") else "timed"]
         assert 0 < m["min"] <= m["median"] <= m["max"]
         assert m["rank_min_median"] <= m["rank_max_median"]
-    # the op regions are parts of the step
+    # the op regions are parts of the steps they were timed in (the timed steps: plain ones carry no regions and
+    # run faster, so on a loaded 2-core CPU the regions' sum once passed the plain steps' median, 56.3 > 52.8 ms)
     ops = sum(d["metrics"][k]["median"] for k in TRAIN_METRICS[2:])
-    assert ops < d["metrics"]["step_ms"]["median"]
+    assert ops < d["metrics"]["step_timed_ms"]["median"]
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
     assert not (tmp_path / LOCK).exists()  # released at exit
