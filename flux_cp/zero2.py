@@ -136,8 +136,9 @@ class ShardedAdamW(torch.optim.AdamW):
             self._sync(b)
 
     def _sync(self, b: _Bucket) -> None:
-        """Reduce-scatter b's gradient, step AdamW on this rank's shard, all-gather b's parameters: issued at once,
-        on CUDA on the side stream (after what the backward has issued so far), waited in step()."""
+        """Reduce-scatter b's gradient, step AdamW on this rank's shard, all-gather b's parameters (gather="forward":
+        marked stale instead, gathered by the next forward): issued at once, on CUDA on the side stream (after what
+        the backward has issued so far), waited in step()."""
         b.grad.div_(self.world)  # the mean over ranks, divided first as DDP's all-reduce hook does
         rs = dist.reduce_scatter_tensor(b.param_shard.grad, b.grad, group=self.group, async_op=True)
         compute = torch.cuda.current_stream(self.side.device) if self.side is not None else None
