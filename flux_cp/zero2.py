@@ -135,16 +135,24 @@ class ShardedAdamW(torch.optim.AdamW):
         if b.ready == len(b.params):  # its gradient is whole: sync and update it under the rest of the backward
             self._sync(b)
 
+    @contextlib.contextmanager
+    def _on_side(self):
+        """On CUDA: the side stream current, after what the compute stream has issued so far (a backend whose work
+        waits nothing, the fake group's, is ordered by this too); on CPU: nothing."""
+        if self.side is None:
+            yield
+            return
+        self.side.wait_stream(torch.cuda.current_stream(self.side.device))
+        with torch.cuda.stream(self.side):
+            yield
+
     def _sync(self, b: _Bucket) -> None:
         """Reduce-scatter b's gradient, step AdamW on this rank's shard, all-gather b's parameters (gather="forward":
         marked stale instead, gathered by the next forward): issued at once, on CUDA on the side stream (after what
         the backward has issued so far), waited in step()."""
         b.grad.div_(self.world)  # the mean over ranks, divided first as DDP's all-reduce hook does
         rs = dist.reduce_scatter_tensor(b.param_shard.grad, b.grad, group=self.group, async_op=True)
-        compute = torch.cuda.current_stream(self.side.device) if self.side is not None else None
-        with torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext():
-            if self.side is not None:
-                self.side.wait_stream(compute)  # a backend whose work waits nothing (the fake group) orders it too
+        with self._on_side():
             rs.wait()  # this stream (or, on CPU, the host) waits for the reduce-scatter
             groups = self.param_groups
             self.param_groups = [groups[b.index]]  # AdamW's step over b's group alone
@@ -163,10 +171,7 @@ class ShardedAdamW(torch.optim.AdamW):
     def _gather_stale(self) -> None:
         """gather="forward": issue every stale bucket's all-gather, in forward order (the buckets are in backward
         order), on CUDA on the side stream (after this rank's update there)."""
-        compute = torch.cuda.current_stream(self.side.device) if self.side is not None else None
-        with torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext():
-            if self.side is not None:
-                self.side.wait_stream(compute)
+        with self._on_side():
             for b in reversed(self.buckets):
                 if b.stale:
                     work = dist.all_gather_into_tensor(b.flat, b.param_shard, group=self.group, async_op=True)
