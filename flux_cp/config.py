@@ -186,6 +186,18 @@ class BenchConfig:
         return dataclasses.asdict(self)
 
 
+# What runs ran with before a setting existed, where that is not its default (their summaries lack the setting)
+BEFORE_SETTING = {"ulysses_qkv": "separate"}
+
+
+def run_setting(run: dict, name: str):
+    """A run setting from a summary's config.run: an older summary lacks the settings added since, which its run
+    had at BEFORE_SETTING's value, else at the default."""
+    if name in run:
+        return run[name]
+    return BEFORE_SETTING.get(name, RunConfig.__dataclass_fields__[name].default)
+
+
 # --help groups of the run settings (fields not named here: "Run")
 RUN_GROUPS = {
     "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "zero2_gather",

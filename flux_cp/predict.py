@@ -18,6 +18,7 @@ the measured step can exceed the prediction by that; the real-process check says
 
 from dataclasses import dataclass, field
 
+from flux_cp.config import run_setting
 from flux_cp.links import LinkProfile
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
@@ -183,7 +184,7 @@ def approximate_ledger(d: dict, W: int, optimizer_ms: float | None = None, step_
                 if cp == "allgather-kv":  # K and V in one buffer
                     colls.append(Collective("all_gather" if phase == "fwd" else "reduce_scatter", 2 * bhsd, W, t))
                 elif cp == "ulysses":
-                    qkv = ([Collective("all_to_all", 3 * bhsd / W, W, t)] if run.get("ulysses_qkv", "separate")
+                    qkv = ([Collective("all_to_all", 3 * bhsd / W, W, t)] if run_setting(run, "ulysses_qkv")
                            == "fused" else [Collective("all_to_all", bhsd / W, W, t)] * 3)
                     colls += qkv + [Collective("all_to_all", bhsd / W, W, t + 0.5 * dt)]
                 else:  # torch ring

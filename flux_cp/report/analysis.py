@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from flux_cp.config import DDP_WEIGHTS
+from flux_cp.config import DDP_WEIGHTS, run_setting
 from flux_cp.links import LinkProfile, for_world
 from flux_cp.predict import approximate_ledger, predict, predict_ledger
 from flux_cp.results import pooled_overhead
@@ -61,10 +61,10 @@ def borrow_ledgers(runs: list[Run]) -> None:
         run = r.d["config"]["run"]
         return json.dumps([r.d["env"]["device"], r.d["config"]["model"], r.d["config"]["data"], run["precision"],
                            r.d["cp"], run.get("rotate"), r.d.get("weights"), r.W,
-                           # what changes the collectives themselves (absent from older summaries: their defaults)
-                           run.get("ulysses_qkv", "separate") if r.d["cp"] == "ulysses" else None,
-                           bool(run.get("split_conditioning")), bool(run.get("zero_bucket_view")),
-                           run.get("zero2_gather", "backward")], sort_keys=True)  # ...or where they are waited on
+                           # what changes the collectives themselves, or where they are waited on
+                           run_setting(run, "ulysses_qkv") if r.d["cp"] == "ulysses" else None,
+                           *(run_setting(run, k) for k in ("split_conditioning", "zero_bucket_view", "zero2_gather"))],
+                          sort_keys=True)
 
     donors: dict[str, list[Run]] = {}
     for r in runs:

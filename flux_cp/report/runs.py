@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flux_cp.config import RUN_GROUPS
+from flux_cp.config import RUN_GROUPS, run_setting
 from flux_cp.results import validate
 
 OPS = ("sdpa_fwd", "sdpa_bwd", "qkv_gemm_fwd", "qkv_gemm_bwd")
@@ -211,8 +211,8 @@ def strategy_label(d: dict) -> str:
     # ZeRO: AdamW state sharded over the W ranks (zero2: gradients too); FSDP: parameters, gradients and state
     zero = {"zero": " zero", "zero2": " zero2", "fsdp": " fsdp"}.get(d.get("weights"), "")
     zero += "-buckets" if d["config"]["run"].get("zero_bucket_view") else ""  # ZeRO: one flat buffer per rank
-    zero += "-fwdgather" if d["config"]["run"].get("zero2_gather") == "forward" else ""  # gathers in the forward
-    if d["cp"] == "ulysses" and d["config"]["run"].get("ulysses_qkv", "separate") == "separate":
+    zero += "-fwdgather" if run_setting(d["config"]["run"], "zero2_gather") == "forward" else ""  # in the forward
+    if d["cp"] == "ulysses" and run_setting(d["config"]["run"], "ulysses_qkv") == "separate":
         cp += " qkv-separate"  # q, k, v in an all-to-all each (every run before the setting existed)
     split = " split-cond" if d["config"]["run"].get("split_conditioning") else ""  # AdaLN linears split over W
     bare = BARE if harness(d) == "bare" else ""  # before " simulated": match_isolated reads the label's end
