@@ -13,7 +13,6 @@ repository's tracked results overran what a device call carries (64 MiB); xz -1 
 """
 
 import glob
-import gzip
 import lzma
 import os
 from pathlib import Path
@@ -49,17 +48,16 @@ def load() -> str | None:
 
 
 def _decompress(data: bytes) -> bytes:
-    if data[:6] == b"\xfd7zXZ\x00":
-        return lzma.decompress(data)
-    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data  # an earlier call's gzip, or raw
+    return lzma.decompress(data) if data[:6] == b"\xfd7zXZ\x00" else data  # xz, as save() writes, or raw
 
 
 _saved_misses = 0  # inductor's graph-cache misses at the last save: new compiles since, or not
 
 
 def save() -> str | None:
-    """Write every artifact this process compiled or loaded to FLUX_CP_COMPILE_CACHE_OUT, if a compile since the last
-    save added any; a line saying what was written (None: nothing to do)."""
+    """Write the artifacts this process used (compiled, or loaded and hit: torch saves no others) to
+    FLUX_CP_COMPILE_CACHE_OUT, if a compile since the last save added any; a line saying what was written (None:
+    nothing to do)."""
     global _saved_misses
     path = os.environ.get(OUT)
     if not path:
