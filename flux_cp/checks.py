@@ -99,6 +99,9 @@ def resolve(
     if run.zero2_gather != "backward" and run.weights != "zero2":
         raise ConfigError(f"--zero2-gather {run.zero2_gather}: where ZeRO-2 gathers its parameters needs --weights "
                           f"zero2 (not {run.weights}; or drop --zero2-gather)")
+    if run.ulysses_overlap and (run.cp != "ulysses" or run.ulysses_qkv != "fused"):
+        raise ConfigError(f"--ulysses-overlap true: overlaps Ulysses' fused q/k/v all-to-all with the MLP (not --cp "
+                          f"{run.cp} --ulysses-qkv {run.ulysses_qkv}): use --cp ulysses --ulysses-qkv fused, or drop it")
     if run.harness == "bare":
         _check_bare(run)
     if run.sync_debug and run.accelerator != "gpu":

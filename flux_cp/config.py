@@ -97,6 +97,9 @@ class RunConfig:
     # ulysses: q, k and v sent to their head groups in one all-to-all (fused) or one each (separate: runs before
     # 2026-12-04 20:00 UTC, whose summaries lack the setting)
     ulysses_qkv: Literal["fused", "separate"] = "fused"
+    # ulysses: in the single-stream blocks the all-to-alls run under the MLP branch's GEMMs, which never read the
+    # attention (issued, then awaited after them, forward and backward: flux_cp/overlap.py), instead of stalling it
+    ulysses_overlap: bool = False
     sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"  # SDPA kernel (auto: torch's pick)
     precision: Literal["bf16-true", "32-true", "64-true"] = "bf16-true"  # weights, activations and batches
     steps: int = 20  # measured steps
@@ -201,7 +204,7 @@ def run_setting(run: dict, name: str):
 # --help groups of the run settings (fields not named here: "Run")
 RUN_GROUPS = {
     "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "zero2_gather",
-                    "rotate", "ulysses_qkv",
+                    "rotate", "ulysses_qkv", "ulysses_overlap",
                     "sdpa_backend", "split_conditioning", "simulate_world", "simulate_rank"),
     "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step

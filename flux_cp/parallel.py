@@ -121,36 +121,36 @@ class _HeadsToSeq(torch.autograd.Function):
 
 
 def _seq_to_heads(x, group, world):
-    send = _by_head_group(x, world)
+    send = by_head_group(x, world)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)  # chunk r: rank r's tokens, my heads
-    return _join_seq(recv)
+    return join_seq(recv)
 
 
 def _heads_to_seq(y, group, world):
-    send = _by_seq_chunk(y, world)
+    send = by_seq_chunk(y, world)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)  # chunk r: my tokens, rank r's heads
-    return _join_heads(recv)
+    return join_heads(recv)
 
 
 # The layouts around the two all-to-alls: chunk j of a send buffer goes to rank j.
-def _by_head_group(x, world):  # (N, B, H, S_l, D) -> (W, N, B, H/W, S_l, D), chunk j: head group j
+def by_head_group(x, world):  # (N, B, H, S_l, D) -> (W, N, B, H/W, S_l, D), chunk j: head group j
     n, b, h, s, d = x.shape
     return x.reshape(n, b, world, h // world, s, d).permute(2, 0, 1, 3, 4, 5).contiguous()
 
 
-def _join_seq(x):  # (W, N, B, H/W, S_l, D), chunk r: tokens of rank r -> (N, B, H/W, W * S_l, D)
+def join_seq(x):  # (W, N, B, H/W, S_l, D), chunk r: tokens of rank r -> (N, B, H/W, W * S_l, D)
     w, n, b, h, s, d = x.shape
     return x.permute(1, 2, 3, 0, 4, 5).reshape(n, b, h, w * s, d)
 
 
-def _by_seq_chunk(y, world):  # (N, B, H/W, S, D) -> (W, N, B, H/W, S/W, D), chunk j: rank j's tokens
+def by_seq_chunk(y, world):  # (N, B, H/W, S, D) -> (W, N, B, H/W, S/W, D), chunk j: rank j's tokens
     n, b, h, s, d = y.shape
     return y.reshape(n, b, h, world, s // world, d).permute(3, 0, 1, 2, 4, 5).contiguous()
 
 
-def _join_heads(x):  # (W, N, B, H/W, S_l, D), chunk r: head group r -> (N, B, H, S_l, D)
+def join_heads(x):  # (W, N, B, H/W, S_l, D), chunk r: head group r -> (N, B, H, S_l, D)
     w, n, b, h, s, d = x.shape
     return x.permute(1, 2, 0, 3, 4, 5).reshape(n, b, w * h, s, d)
 
@@ -301,8 +301,23 @@ class CPAttnProcessor:
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         assert attention_mask is None, "Flux attention is unmasked"
-        joint = encoder_hidden_states is not None  # double block: image stream + text stream
+        q, k, v = self.project(attn, hidden_states, encoder_hidden_states, image_rotary_emb)  # (B, H, S_l, Dh)
+        call = self.timer.open("sdpa")
+        q, k, v = call.enter(q, k, v)
+        (out,) = call.exit(self.strategy.attention(q, k, v))
+        out = out.transpose(1, 2).flatten(2, 3).to(q.dtype)  # (B, S_l, H * Dh)
 
+        joint = encoder_hidden_states is not None  # double block: image stream + text stream
+        if not joint:
+            return out
+        t = encoder_hidden_states.shape[1]
+        ctx, img = out[:, :t], out[:, t:]
+        img = attn.to_out[1](attn.to_out[0](img.contiguous()))
+        return img, attn.to_add_out(ctx.contiguous())
+
+    def project(self, attn, hidden_states, encoder_hidden_states=None, image_rotary_emb=None):
+        """q, k, v of the local tokens, normed and rotated, each (B, H, S_l, Dh) ([text, image] in a double block)."""
+        joint = encoder_hidden_states is not None
         call = self.timer.open("qkv_gemm")
         streams = call.enter(hidden_states, *([encoder_hidden_states] if joint else []))
         proj = [*_project(attn, streams[0], added=False), *(_project(attn, streams[1], added=True) if joint else ())]
@@ -316,18 +331,7 @@ class CPAttnProcessor:
             q, k, v = (torch.cat([e, x], dim=1) for e, x in ((eq, q), (ek, k), (ev, v)))  # [text, image]
         if image_rotary_emb is not None:
             q, k = apply_rope(q, image_rotary_emb), apply_rope(k, image_rotary_emb)  # fp64 in fp64 runs
-
-        call = self.timer.open("sdpa")
-        q, k, v = call.enter(*(x.transpose(1, 2) for x in (q, k, v)))  # (B, H, S_l, Dh)
-        (out,) = call.exit(self.strategy.attention(q, k, v))
-        out = out.transpose(1, 2).flatten(2, 3).to(q.dtype)  # (B, S_l, H * Dh)
-
-        if not joint:
-            return out
-        t = encoder_hidden_states.shape[1]
-        ctx, img = out[:, :t], out[:, t:]
-        img = attn.to_out[1](attn.to_out[0](img.contiguous()))
-        return img, attn.to_add_out(ctx.contiguous())
+        return tuple(x.transpose(1, 2) for x in (q, k, v))
 
 
 def _project(attn, x, added: bool):

@@ -18,6 +18,7 @@ from flux_cp.config import BenchConfig
 from flux_cp.data import DTYPES
 from flux_cp.graphs import StepGraph
 from flux_cp.model import FluxDiT, image_ids, text_ids
+from flux_cp.overlap import overlap_single_blocks
 from flux_cp.parallel import apply_cp, make_strategy, shard, split_conditioning
 from flux_cp.timing import StepTimer
 
@@ -67,6 +68,8 @@ class FluxStep:
         self.strategy = make_strategy(run.cp, rank, world, device, run.sdpa_backend, run.rotate, mesh=cp_mesh,
                                       ulysses_qkv=run.ulysses_qkv)
         apply_cp(model, self.strategy, timer)
+        if run.ulysses_overlap:
+            overlap_single_blocks(model, self.strategy)
         if run.split_conditioning:
             split_conditioning(model, self.strategy)
         if run.compile:

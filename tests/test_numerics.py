@@ -24,6 +24,8 @@ from .conftest import assert_exact, exact_run
         (2, "ulysses", ("--weights", "zero", "--grad-bucket-view", "true")),
         # q, k and v in an all-to-all each (the default sends them in one)
         (2, "ulysses", ("--ulysses-qkv", "separate")),
+        # the single-stream blocks' all-to-alls awaited after their MLP work, proj_out split in two GEMMs
+        (2, "ulysses", ("--ulysses-overlap", "true")),
     ],
 )
 def test_cp_matches_single_process(single_process, tmp_path, devices, cp, extra):
@@ -35,12 +37,13 @@ def test_cp_matches_single_process(single_process, tmp_path, devices, cp, extra)
     assert_exact(got, single_process(1), rtol=1e-12)
 
 
-@pytest.mark.parametrize("scope", ["blocks", "model"])
-def test_compiled_matches_eager(single_process, tmp_path, scope):
+@pytest.mark.parametrize(("scope", "cp", "extra"), [("blocks", "allgather-kv", ()), ("model", "allgather-kv", ()),
+                                                    ("blocks", "ulysses", ("--ulysses-overlap", "true"))])
+def test_compiled_matches_eager(single_process, tmp_path, scope, cp, extra):
     """--compile (aot_eager on CPU: the graph capture and autograd; inductor is exercised on the GPU), block by
-    block or the whole model in one graph, collectives inside."""
-    got = exact_run(tmp_path, "--devices", 2, "--cp", "allgather-kv", "--compile", "true", "--compile-backend",
-                    "aot_eager", "--compile-scope", scope, "--steps", 8, "--warmup-steps", 2)
+    block or the whole model in one graph, collectives inside (--ulysses-overlap: issued and awaited apart)."""
+    got = exact_run(tmp_path, "--devices", 2, "--cp", cp, "--compile", "true", "--compile-backend",
+                    "aot_eager", "--compile-scope", scope, "--steps", 8, "--warmup-steps", 2, *extra)
     d = got["summary"]
     assert d["compile"]["enabled"] and d["compile"]["compile_s"] > 0 and not d["op_regions"]
     assert d["compile"]["scope"] == scope and d["run_name"].endswith("-model") == (scope == "model")

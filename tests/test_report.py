@@ -464,14 +464,16 @@ def test_a_step_graph_ledger_is_placed_as_its_eager_twins(train_runs, tmp_path):
     assert q["predicted_ms"] < p["predicted_ms"]  # the twin overlaps what the graph alone cannot place
 
 
-def test_a_step_graph_run_borrows_the_twin_with_its_own_collectives(train_runs, tmp_path):
+@pytest.mark.parametrize(("setting", "label"), [("split_conditioning", "split-cond"), ("ulysses_overlap", "overlap")])
+def test_a_step_graph_run_borrows_the_twin_with_its_own_collectives(train_runs, tmp_path, setting, label):
     """Of two eager twins of a graph run, the one whose settings issue the graph's collectives places them, even when
     the other is newer: a twin with other collectives (--ulysses-qkv separate against fused, --split-conditioning,
-    --zero-bucket-view) would price another ledger (2026-12-04: a fused graph run took a separate twin's)."""
+    --zero-bucket-view) or other waits (--ulysses-overlap) would price another ledger (2026-12-04: a fused graph run
+    took a separate twin's)."""
     t1, ts = (json.loads(train_runs[w].read_text()) for w in (1, "sim"))
     graph = json.loads(json.dumps(ts)) | {"step_graph": True}
     other = json.loads(json.dumps(ts))
-    other["config"]["run"]["split_conditioning"] = True
+    other["config"]["run"][setting] = True
     for step in other["comm"]["ledger"]:  # twice the bytes: a price the test can tell apart
         step["collectives"] = [c | {"bytes": 2 * c["bytes"]} for c in step["collectives"]]
     for name, d in (("w1", t1), ("w1g", t1 | {"step_graph": True}), ("eager", ts), ("graph", graph),
@@ -479,7 +481,7 @@ def test_a_step_graph_run_borrows_the_twin_with_its_own_collectives(train_runs, 
         write(tmp_path / name / "summary.json", d)
     configs = build(tmp_path, cpu_link=links.flat(100)).to_dict()["configurations"]
     (g,) = [c for c in configs if "step graph" in c["key"]["compile"]]
-    (e,) = [c for c in configs if "step graph" not in c["key"]["compile"] and "split-cond" not in c["strategy"]]
+    (e,) = [c for c in configs if "step graph" not in c["key"]["compile"] and label not in c["strategy"]]
     (gw2,), (ew2,) = ([r for r in c["rows"] if r["W"] == 2] for c in (g, e))
     assert gw2["comm_source"].startswith(f"ledger of its eager twin {ew2['run']} priced with")
     assert gw2["prediction"]["priced_ms"] == pytest.approx(ew2["prediction"]["priced_ms"])

@@ -111,14 +111,17 @@ def test_simulated_rank_r(tmp_path):
     assert "simulated: rank 3 of a 4-rank job" in r.stdout
 
 
-@pytest.mark.parametrize("cp", ["ulysses", "allgather-kv"])
+@pytest.mark.parametrize("cp", ["ulysses", "allgather-kv", "ulysses-overlap"])
 def test_compiled_blocks_issue_the_eager_twins_collectives(tmp_path, cp):
     """Issue 26: a compiled recipe's communication is priced from the same ledger as its eager twin's. Each block
     under torch.compile (AOT autograd's graphs; aot_eager: inductor's CPU codegen would add minutes, the traced
     collectives are the same), rank 0 of a simulated 2-rank job with ZeRO: every step's collectives as eager's, kind
     for kind and byte for byte, but for how DDP splits the same gradient bytes into buckets (it rebuilds them in the
-    order gradients become ready, which compiled blocks change)."""
-    common = ("--config", TINY, "--simulate-world", 2, "--cp", cp, "--weights", "zero", "--warmup-steps", 2,
+    order gradients become ready, which compiled blocks change). ulysses-overlap: --ulysses-overlap's all-to-alls,
+    issued and awaited apart (the order in the compiled graphs: tests/test_overlap.py)."""
+    overlap = ("--ulysses-overlap", "true") if cp == "ulysses-overlap" else ()
+    cp = cp.removesuffix("-overlap")
+    common = ("--config", TINY, "--simulate-world", 2, "--cp", cp, *overlap, "--weights", "zero", "--warmup-steps", 2,
               "--steps", 2, "--regions-every", 1, "--harness", "bare", "--compile-backend", "aot_eager",
               "--wandb-mode", "disabled")  # --regions-every 1: the ledger in both measured steps
     with ThreadPoolExecutor(2) as pool:
@@ -137,6 +140,10 @@ def test_compiled_blocks_issue_the_eager_twins_collectives(tmp_path, cp):
     assert key(compiled) == key(eager) and len(key(eager)) == 2
     kv = "all_to_all" if cp == "ulysses" else "all_gather"
     assert {kv, "broadcast"} <= {k for k, *_ in key(eager)[0][0]} and key(eager)[0][1] > 0
+    if overlap:  # eager, per step: the 2 single blocks' 2 all-to-alls each way, awaited apart from their issue
+        apart = [[e["wait_ms"] > e["issue_ms"] for e in s["collectives"] if e["kind"] == "all_to_all" and e["async"]]
+                 for s in eager["comm"]["ledger"]]  # (compiled, dynamo makes every all-to-all a functional one)
+        assert apart == [[True] * 8] * 2, apart
 
 
 def test_ulysses_sends_q_k_v_in_one_all_to_all(tmp_path):

@@ -63,7 +63,8 @@ def borrow_ledgers(runs: list[Run]) -> None:
                            r.d["cp"], run.get("rotate"), r.d.get("weights"), r.W,
                            # what changes the collectives themselves, or where they are waited on
                            run_setting(run, "ulysses_qkv") if r.d["cp"] == "ulysses" else None,
-                           *(run_setting(run, k) for k in ("split_conditioning", "zero_bucket_view", "zero2_gather"))],
+                           *(run_setting(run, k) for k in ("split_conditioning", "zero_bucket_view", "zero2_gather",
+                                                           "ulysses_overlap"))],
                           sort_keys=True)
 
     donors: dict[str, list[Run]] = {}

@@ -214,6 +214,8 @@ def strategy_label(d: dict) -> str:
     zero += "-fwdgather" if run_setting(d["config"]["run"], "zero2_gather") == "forward" else ""  # in the forward
     if d["cp"] == "ulysses" and run_setting(d["config"]["run"], "ulysses_qkv") == "separate":
         cp += " qkv-separate"  # q, k, v in an all-to-all each (every run before the setting existed)
+    if run_setting(d["config"]["run"], "ulysses_overlap"):
+        cp += " overlap"  # the single blocks' all-to-alls under their MLP (--ulysses-overlap)
     split = " split-cond" if d["config"]["run"].get("split_conditioning") else ""  # AdaLN linears split over W
     bare = BARE if harness(d) == "bare" else ""  # before " simulated": match_isolated reads the label's end
     return cp + zero + split + bare + (" simulated" if d.get("simulate_world") else "")

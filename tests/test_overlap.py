@@ -1,0 +1,101 @@
+"""--ulysses-overlap (flux_cp/overlap.py): each single-stream block's all-to-alls are awaited only after MLP work that
+does not read them, in the forward and in the backward the autograd engine runs. (It trains as one process:
+tests/test_numerics.py; compiled blocks issue its collectives: tests/test_simulate.py.)"""
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from flux_cp.config import parse_config
+from flux_cp.model import FluxDiT
+from flux_cp.overlap import overlap_single_blocks
+from flux_cp.parallel import apply_cp, make_strategy
+from flux_cp.simulate import init_fake_world
+
+from .conftest import TINY
+
+GEMMS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+class _Ops(TorchDispatchMode):
+    """Every op in order: (name, data_ptr of what an all-to-all returns or a wait_tensor takes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.name()
+        ptr = out.data_ptr() if name.endswith("all_to_all_single") else args[0].data_ptr() if name.endswith(
+            "wait_tensor") else None
+        self.ops.append((name, ptr))
+        return out
+
+
+def _between(ops, start, key):
+    """The ops after ops[start] (an all-to-all) up to its wait_tensor."""
+    for j in range(start + 1, len(ops)):
+        if ops[j] == ("_c10d_functional::wait_tensor", key):
+            return [name for name, _ in ops[start + 1:j]]
+    raise AssertionError(f"all-to-all {start} never awaited")
+
+
+def _step(compile_backend=None) -> None:
+    """Rank 0 of a simulated 2-rank job, tiny config (2 double-, 2 single-stream blocks), Ulysses with
+    --ulysses-overlap: one forward and backward (its single blocks compiled with compile_backend, if given)."""
+    cfg = parse_config(["--config", str(TINY)])
+    init_fake_world(2, 0)
+    try:
+        torch.manual_seed(0)
+        model = FluxDiT(cfg.model)
+        strategy = make_strategy("ulysses", 0, 2, torch.device("cpu"))
+        apply_cp(model, strategy)
+        overlap_single_blocks(model, strategy)
+        for blk in model.single_blocks if compile_backend else ():
+            blk.compile(backend=compile_backend)
+        si, st = 48, 24  # a rank's image and text tokens
+        x, text = torch.randn(1, si, cfg.model.in_channels), torch.randn(1, st, cfg.model.text_dim)
+        rope = tuple(t[: st + si] for t in model.rope(torch.zeros(st, 3), torch.zeros(si, 3)))
+        model(x, text, torch.randn(1, cfg.model.pooled_dim), torch.rand(1), rope).square().mean().backward()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_each_all_to_all_is_awaited_after_mlp_gemms_in_forward_and_backward():
+    """Eager: per single block and direction, q/k/v's all-to-all and the output's are each issued, then a GEMM of the
+    MLP branch runs, then they are awaited (the autograd engine's order in the backward); 8 in all. The double-stream
+    blocks' stay blocking (c10d, awaited where issued)."""
+    with _Ops() as rec:
+        _step()
+    ops = rec.ops
+    issued = [i for i, (name, _) in enumerate(ops) if name == "_c10d_functional::all_to_all_single"]
+    assert len(issued) == 2 * 2 * 2  # 2 single blocks x (q/k/v, output) x (forward, backward)
+    for i in issued:
+        assert any(name in GEMMS for name in _between(ops, i, ops[i][1])), (i, _between(ops, i, ops[i][1]))
+    assert sum(name == "c10d::alltoall_base_" for name, _ in ops) == 2 * 2 * 2  # the double blocks', blocking
+
+
+def test_compiled_blocks_keep_the_mlp_gemms_between_issue_and_wait():
+    """torch.compile of each single block: the forward and backward graphs AOT autograd hands a backend (inductor on
+    the GPU) hold each all-to-all's wait after an MLP GEMM that follows its issue, as eager runs them."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append([(str(n.target), n) for n in gm.graph.nodes if n.op == "call_function"])
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    _step(aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    torch._dynamo.reset()
+    assert len(graphs) == 2 * 2  # a forward and a backward graph per single block
+    for nodes in graphs:
+        issued = [i for i, (t, _) in enumerate(nodes) if t == "_c10d_functional.all_to_all_single.default"]
+        assert len(issued) == 2, [t for t, _ in nodes]
+        for i in issued:
+            j = next(j for j, (t, n) in enumerate(nodes) if t == "_c10d_functional.wait_tensor.default"
+                     and n.args[0] is nodes[i][1])
+            assert any(t in ("aten.mm.default", "aten.addmm.default") for t, _ in nodes[i + 1:j]), nodes[i + 1:j]
