@@ -21,7 +21,8 @@ simulated rank's ledger is comparable entry by entry with a real rank's.
 An entry: kind, bytes (nccl-tests' "size": all_gather = output, reduce_scatter and all_to_all = input,
 all_reduce and broadcast = the tensor), group_size, async (false: the issuing stream waits at once),
 stream (the main compute stream or a side one, FSDP's), issue stamp and, for functional collectives, the
-stamp where their consumer waits (wait_tensor). flux_cp/predict.py prices them.
+stamp where their consumer waits (wait_tensor; for c10d work, where its issuer says: `consumed(output)`).
+flux_cp/predict.py prices them.
 
 CUDA graphs (torch.compile's reduce-overhead mode, --step-graph): a replay runs its captured collectives without
 calling the dispatcher, so the ledger keeps what each graph recorded while it was captured (whatever thread issued
@@ -198,12 +199,14 @@ class CommLedger:
 
         def kernel(*args, **kwargs):
             inside = getattr(local, "inside", False)
+            a0 = args[0]  # the op's first tensor (or list of them): its output, where the dispatch keys come from
+            t = a0 if isinstance(a0, torch.Tensor) else a0[0] if a0 and isinstance(a0[0], torch.Tensor) else None
             if self._listening() and not inside and not _is_fake(args):
                 given = i_async is not None and i_async < len(args)
                 async_op = args[i_async] if given else kwargs.get("async_op", True)
-                self._record(kind, _nbytes(args[size_arg]), _group_size(args), async_op)
-            a0 = args[0]  # the op's first tensor (or list of them): where the dispatch keys come from
-            t = a0 if isinstance(a0, torch.Tensor) else a0[0] if a0 and isinstance(a0[0], torch.Tensor) else None
+                e = self._record(kind, _nbytes(args[size_arg]), _group_size(args), async_op)
+                if async_op and t is not None and e["issue"] is not None:  # its consumer may say where: consumed()
+                    self._by_output[t.data_ptr()] = e
             local.inside = True  # the backend's own ops (gloo copies its result) belong to the collective
             try:
                 return _below(op, args, kwargs, t)
@@ -211,6 +214,13 @@ class CommLedger:
                 local.inside = inside
 
         return kernel
+
+    def consumed(self, t: torch.Tensor) -> None:
+        """The compute waits here for the asynchronous collective whose output is t (its wait stamp): for c10d work
+        that its issuer hands to another stream or waits on by an event (ZeRO-2's gathers under the forward), where
+        no wait_tensor says so. Without it the prediction assumes the end of the phase it was issued in."""
+        if self._clock is not None and (e := self._by_output.pop(t.data_ptr(), None)) is not None:
+            e["wait"] = self._stamp()
 
     def inside(self) -> bool:
         """True while this thread is inside a collective's kernel."""
@@ -309,6 +319,12 @@ class CommLedger:
             return replay(graph)
 
         graph_cls.capture_begin, graph_cls.capture_end, graph_cls.replay = capture_begin, capture_end, replay_
+
+
+def consumed(t: torch.Tensor) -> None:
+    """CommLedger.consumed on the process's ledger, if it has one."""
+    if CommLedger._instance is not None:
+        CommLedger._instance.consumed(t)
 
 
 def ledger_for(run) -> "CommLedger | None":

@@ -151,7 +151,7 @@ def approximate_ledger(d: dict, W: int, optimizer_ms: float | None = None, step_
     Blocks spread evenly over forward and backward; per block and direction, as the strategies run them:
       allgather-kv: one all-gather of K and V (blocking); backward reduce-scatters dK, dV (blocking);
       ulysses: q, k, v in (one all-to-all of the three, or one each: ulysses_qkv) and the output back, of the
-        local (B, H, S/W, D) each, blocking, each direction;
+        local (B, H, S/W, D) each, blocking, each direction (ulysses_overlap's too: an upper bound for it);
       torch ring, allgather rotation: all-gather K, V (blocking) each direction; backward rotates dK, dV
         around the ring (W-1 sends of the local chunk, asynchronous, each consumed one chunk later);
       torch ring, alltoall rotation: the K, V chunks move by W-1 sends as well, overlapped the same way.

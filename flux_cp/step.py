@@ -42,10 +42,21 @@ def build_model(cfg: BenchConfig) -> FluxDiT:
 def compile_model(model: FluxDiT, run) -> None:
     """torch.compile each block (torchtitan's way) or the whole model; the attention processor and its collectives
     are traced with them."""
-    mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
     scope = [model] if run.compile_scope == "model" else [*model.double_blocks, *model.single_blocks]
     for m in scope:
-        m.compile(mode=mode, backend=run.compile_backend)
+        m.compile(**compile_options(run))
+
+
+def compile_options(run) -> dict:
+    """torch.compile's arguments for the run's settings."""
+    mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
+    options = None
+    if run.ulysses_overlap and run.compile_backend == "inductor":
+        # inductor's peak-memory reordering (on by default) moves each wait_tensor up to its collective, which would
+        # undo --ulysses-overlap in the backward (tests/test_overlap.py); options replace a mode, so they carry its own
+        options = {**(torch._inductor.list_mode_options(mode) if mode else {}), "reorder_for_peak_memory": False}
+        mode = None
+    return {"mode": mode, "options": options, "backend": run.compile_backend}
 
 
 @contextlib.contextmanager

@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from flux_cp.ledger import consumed
+
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 
 
@@ -187,6 +189,7 @@ class ShardedAdamW(torch.optim.AdamW):
         """The current stream (on CPU the host) waits for b's gather, if one is in flight."""
         if b.gathered is None:
             return
+        consumed(b.flat)  # the ledger's wait stamp: where the forward needs the gather (not the phase's end)
         if isinstance(b.gathered, torch.cuda.Event):
             torch.cuda.current_stream(self.side.device).wait_event(b.gathered)
         else:

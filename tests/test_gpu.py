@@ -253,7 +253,8 @@ def test_step_graph_trains_as_the_eager_step(tmp_path, harness, cp, extra):
 
 @pytest.mark.parametrize("harness,compile_,weights", [("bare", "false", "zero"), ("bare", "true", "zero"),
                                                      ("lightning", "false", "zero"), ("bare", "false", "zero2"),
-                                                     ("lightning", "true", "zero2-forward")])
+                                                     ("lightning", "true", "zero2-forward"),
+                                                     ("bare", "true", "zero2-overlap")])
 def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_, weights):
     """--step-graph on issue 26's recipe, Ulysses + ZeRO as rank 0 of a 2-rank fake-group job (eager, and compiled
     per block inside the graph): the run completes, and its instrumented steps' ledger holds what the graph
@@ -261,8 +262,10 @@ def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_
     autograd's hooks, and all-gathers), the eager step's bytes."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    weights = ("--weights", "zero2", "--zero2-gather", "forward") if weights == "zero2-forward" else (
-        "--weights", weights)  # zero2-forward: the gathers under the next forward, compiled blocks' hooks eager
+    weights = {  # zero2-forward: the gathers under the next forward, compiled blocks' hooks eager; zero2-overlap:
+        # the single blocks' all-to-alls under their MLP (inductor without its peak-memory reordering)
+        "zero2-forward": ("--weights", "zero2", "--zero2-gather", "forward"),
+        "zero2-overlap": ("--weights", "zero2", "--ulysses-overlap", "true")}.get(weights, ("--weights", weights))
     args = ("--harness", harness, "--cp", "ulysses", *weights, "--simulate-world", 2, "--precision",
             "bf16-true", "--steps", 4, "--warmup-steps", 12, "--compile", compile_)
     graph = _gpu_run(tmp_path / "graph", *args, "--step-graph", "true")
@@ -272,3 +275,13 @@ def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_
     assert replayed and all(e.get("graph") for e in replayed)
     g, e = graph["comm"]["per_step"], eager["comm"]["per_step"]
     assert {k: v["bytes"] for k, v in g.items()} == {k: v["bytes"] for k, v in e.items()}
+
+
+def test_inductor_keeps_the_ulysses_overlap_on_the_gpu():
+    """--ulysses-overlap compiled by inductor with triton (tests/test_overlap.py on CPU): in each single block's
+    forward and backward code every all-to-all is followed by a GEMM of the MLP branch before its wait."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from .test_overlap import assert_gemm_between_issue_and_wait, order_in_inductors_code
+
+    assert_gemm_between_issue_and_wait(order_in_inductors_code("cuda"))

@@ -182,6 +182,10 @@ def test_zero2_gathering_in_the_forward_trains_like_one_process(single_process, 
     if cp == "ulysses":
         assert sent["reduce_scatter"] == 2 * d["optimizer_params"] * 8 and sent["all_gather"] == 2 * sent[
             "reduce_scatter"]
+    # where the forward waits for each gather (ledger.consumed), not the end of the forward the prediction would assume
+    fwd = [(c, rec["phases"]["forward_end_ms"]) for rec in d["comm"]["ledger"] for c in rec["collectives"]
+           if c["kind"] == "all_gather" and c["async"] and c["issue_ms"] < rec["phases"]["forward_end_ms"]]
+    assert fwd and all(c["issue_ms"] <= c["wait_ms"] < end for c, end in fwd), fwd
 
 
 def test_a_dropped_zero2_optimizer_frees_its_model_and_state(tmp_path):

@@ -41,23 +41,24 @@ def _between(ops, start, key):
     raise AssertionError(f"all-to-all {start} never awaited")
 
 
-def _step(compile_backend=None) -> None:
+def overlapped_step(compile_args: dict | None = None, device="cpu") -> None:
     """Rank 0 of a simulated 2-rank job, tiny config (2 double-, 2 single-stream blocks), Ulysses with
-    --ulysses-overlap: one forward and backward (its single blocks compiled with compile_backend, if given)."""
+    --ulysses-overlap: one forward and backward (its single blocks compiled with compile_args, if given)."""
     cfg = parse_config(["--config", str(TINY)])
     init_fake_world(2, 0)
     try:
         torch.manual_seed(0)
-        model = FluxDiT(cfg.model)
-        strategy = make_strategy("ulysses", 0, 2, torch.device("cpu"))
+        model = FluxDiT(cfg.model).to(device)
+        strategy = make_strategy("ulysses", 0, 2, torch.device(device))
         apply_cp(model, strategy)
         overlap_single_blocks(model, strategy)
-        for blk in model.single_blocks if compile_backend else ():
-            blk.compile(backend=compile_backend)
+        for blk in model.single_blocks if compile_args else ():
+            blk.compile(**compile_args)
         si, st = 48, 24  # a rank's image and text tokens
         x, text = torch.randn(1, si, cfg.model.in_channels), torch.randn(1, st, cfg.model.text_dim)
         rope = tuple(t[: st + si] for t in model.rope(torch.zeros(st, 3), torch.zeros(si, 3)))
-        model(x, text, torch.randn(1, cfg.model.pooled_dim), torch.rand(1), rope).square().mean().backward()
+        batch = (x, text, torch.randn(1, cfg.model.pooled_dim), torch.rand(1))
+        model(*(t.to(device) for t in batch), tuple(t.to(device) for t in rope)).square().mean().backward()
     finally:
         dist.destroy_process_group()
 
@@ -67,7 +68,7 @@ def test_each_all_to_all_is_awaited_after_mlp_gemms_in_forward_and_backward():
     MLP branch runs, then they are awaited (the autograd engine's order in the backward); 8 in all. The double-stream
     blocks' stay blocking (c10d, awaited where issued)."""
     with _Ops() as rec:
-        _step()
+        overlapped_step()
     ops = rec.ops
     issued = [i for i, (name, _) in enumerate(ops) if name == "_c10d_functional::all_to_all_single"]
     assert len(issued) == 2 * 2 * 2  # 2 single blocks x (q/k/v, output) x (forward, backward)
@@ -89,7 +90,7 @@ def test_compiled_blocks_keep_the_mlp_gemms_between_issue_and_wait():
         return make_boxed_func(gm.forward)
 
     torch._dynamo.reset()
-    _step(aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    overlapped_step({"backend": aot_autograd(fw_compiler=keep, bw_compiler=keep)})
     torch._dynamo.reset()
     assert len(graphs) == 2 * 2  # a forward and a backward graph per single block
     for nodes in graphs:
@@ -99,3 +100,35 @@ def test_compiled_blocks_keep_the_mlp_gemms_between_issue_and_wait():
             j = next(j for j, (t, n) in enumerate(nodes) if t == "_c10d_functional.wait_tensor.default"
                      and n.args[0] is nodes[i][1])
             assert any(t in ("aten.mm.default", "aten.addmm.default") for t, _ in nodes[i + 1:j]), nodes[i + 1:j]
+
+
+def order_in_inductors_code(device: str) -> list[list[str]]:
+    """Inductor's code for each single block (compiled with the run's torch.compile arguments, flux_cp/step.py): per
+    graph, its collectives, waits and GEMMs in the order the code runs them."""
+    from torch._inductor.utils import run_and_get_code
+
+    from flux_cp.config import RunConfig
+    from flux_cp.step import compile_options
+
+    torch._dynamo.reset()
+    run = RunConfig(cp="ulysses", ulysses_overlap=True, compile=True)
+    _, codes = run_and_get_code(lambda: overlapped_step(compile_options(run), device))
+    torch._dynamo.reset()
+    calls = ("all_to_all_single.default(", "wait_tensor.default(", "extern_kernels.mm(", "extern_kernels.addmm(")
+    return [[next(c for c in calls if c in line) for line in code.splitlines() if any(c in line for c in calls)]
+            for code in codes]
+
+
+def assert_gemm_between_issue_and_wait(graphs: list[list[str]]) -> None:
+    """Every all-to-all of every graph is followed by a GEMM before the next wait."""
+    assert len(graphs) == 2 * 2 and all(g.count("all_to_all_single.default(") == 2 for g in graphs), graphs
+    for g in graphs:
+        for i, op in enumerate(g):
+            if op == "all_to_all_single.default(":
+                assert g[i + 1].startswith("extern_kernels."), g
+
+
+def test_inductor_keeps_the_mlp_gemms_between_issue_and_wait():
+    """Inductor on CPU (its scheduler is the GPU's; tests/test_gpu.py runs it with triton): left to its peak-memory
+    reordering it moved every backward wait up to its all-to-all; compile_options turns that off."""
+    assert_gemm_between_issue_and_wait(order_in_inductors_code("cpu"))
