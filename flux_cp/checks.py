@@ -99,6 +99,12 @@ def resolve(
     if run.zero2_gather != "backward" and run.weights != "zero2":
         raise ConfigError(f"--zero2-gather {run.zero2_gather}: where ZeRO-2 gathers its parameters needs --weights "
                           f"zero2 (not {run.weights}; or drop --zero2-gather)")
+    if run.zero2_bucket_mb <= 0 or (run.zero2_bucket_mb != 25 and run.weights != "zero2"):
+        raise ConfigError(f"--zero2-bucket-mb {run.zero2_bucket_mb}: the size of ZeRO-2's buckets, > 0, with --weights "
+                          "zero2 (add it, or drop the size)")
+    if not 0 < run.zero2_forward_share <= 1 or (run.zero2_forward_share != 1 and run.zero2_gather != "forward"):
+        raise ConfigError(f"--zero2-forward-share {run.zero2_forward_share}: the share of ZeRO-2's buckets gathered "
+                          "under the forward, in (0, 1], with --zero2-gather forward (add it, or drop the share)")
     if run.ulysses_overlap and (run.cp != "ulysses" or run.ulysses_qkv != "fused"):
         raise ConfigError(f"--ulysses-overlap true: overlaps Ulysses' fused q/k/v all-to-all with the MLP (not --cp "
                           f"{run.cp} --ulysses-qkv {run.ulysses_qkv}): use --cp ulysses --ulysses-qkv fused, or drop it")

@@ -91,6 +91,10 @@ class RunConfig:
     # --weights zero2: each bucket's parameters all-gathered under the backward that reduced it (backward), or under
     # the next step's forward, each unit of the forward waiting for its own buckets' (forward, as FSDP prefetches)
     zero2_gather: Literal["backward", "forward"] = "backward"
+    # --zero2-gather forward: the share of the buckets, from the forward's first, gathered under the forward; the rest
+    # (the last layers': reduced first in the backward, read last in the forward) under the backward that reduced them
+    zero2_forward_share: float = 1.0
+    zero2_bucket_mb: float = 25.0  # --weights zero2: its flat buckets' size (DDP's bucket_cap_mb, its default)
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu if CUDA is visible
     cp: CP = "auto"  # CP strategy; auto: none on one rank, torch on GPUs, allgather-kv on CPU
     rotate: Literal["allgather", "alltoall"] = "allgather"  # torch ring: how K/V shards move
@@ -204,6 +208,7 @@ def run_setting(run: dict, name: str):
 # --help groups of the run settings (fields not named here: "Run")
 RUN_GROUPS = {
     "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "zero2_gather",
+                    "zero2_forward_share", "zero2_bucket_mb",
                     "rotate", "ulysses_qkv", "ulysses_overlap",
                     "sdpa_backend", "split_conditioning", "simulate_world", "simulate_rank"),
     "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),

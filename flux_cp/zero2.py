@@ -18,8 +18,10 @@ gather="forward" (--zero2-gather forward) moves the all-gathers out of the backw
 FSDP prefetches: the forward's first call issues every bucket's gather on the side stream, in forward order, and
 each unit of the forward (an embedder, a block, the output layers) waits for its own buckets' gathers before it
 runs. At W=8 the backward cannot hide both the reduce-scatters and the gathers (docs/results/2026-12-04e-h200-
-session.md): the forward takes the gathers. Between steps the parameters are stale (this rank's shards updated,
-the rest not yet gathered): flush() gathers them whole.
+session.md): the forward takes the gathers, or with forward_share < 1 (--zero2-forward-share) its first share of
+the buckets, the rest staying under the backward (about as much communication as compute in each: the backward is
+~2/3 of the step and carries every reduce-scatter). Between steps the parameters are stale (this rank's shards
+updated, the rest not yet gathered): flush() gathers them whole.
 """
 
 import contextlib
@@ -98,9 +100,12 @@ class ShardedAdamW(torch.optim.AdamW):
     group a bucket; see the module's docstring. zero_grad keeps the gradients in their buckets (zeroed in place);
     full_grads=True all-gathers the reduced gradients too (for the numerics dumps only: it doubles the traffic)."""
 
-    def __init__(self, model: nn.Module, group=None, full_grads: bool = False, gather: str = "backward", **adamw):
+    def __init__(self, model: nn.Module, group=None, full_grads: bool = False, gather: str = "backward",
+                 forward_share: float = 1.0, bucket_bytes: int = BUCKET_BYTES, **adamw):
         if gather not in ("backward", "forward"):
             raise ValueError(f"ShardedAdamW: gather={gather!r}: 'backward' or 'forward'")
+        if not 0 < forward_share <= 1:
+            raise ValueError(f"ShardedAdamW: forward_share={forward_share}: in (0, 1]")
         self.group, self.gather = group, gather
         self.world, rank = dist.get_world_size(group), dist.get_rank(group)
         self.full_grads = full_grads
@@ -109,7 +114,7 @@ class ShardedAdamW(torch.optim.AdamW):
         for p in reversed([p for p in model.parameters() if p.requires_grad]):
             chunk.append(p)
             nbytes += p.numel() * p.element_size()
-            if nbytes >= BUCKET_BYTES:
+            if nbytes >= bucket_bytes:
                 self.buckets.append(_Bucket(chunk, self.world, rank, len(self.buckets)))
                 chunk, nbytes = [], 0
         if chunk:
@@ -122,6 +127,10 @@ class ShardedAdamW(torch.optim.AdamW):
             for p in b.params:
                 p.register_post_accumulate_grad_hook(lambda p, i=b.index: _accumulated(ref, i))
         super().__init__([{"params": [b.param_shard]} for b in self.buckets], **adamw)
+        # gather="forward": the forward gathers the first forward_share of the buckets in its order (the last in the
+        # backward's); the rest, the last layers' (reduced first, needed last), are gathered under the backward
+        n = len(self.buckets)
+        self.gathered_in_backward = n - max(1, round(forward_share * n)) if gather == "forward" else n
         device = self.buckets[0].flat.device if self.buckets else torch.device("cpu")
         # On CUDA each bucket's update and gather run on a side stream, under the rest of the backward
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -163,7 +172,7 @@ class ShardedAdamW(torch.optim.AdamW):
             finally:
                 self.param_groups = groups
             b.work = []
-            if self.gather == "backward":  # in place: this rank's shard is already where the gathered bucket puts it
+            if b.index < self.gathered_in_backward:  # in place: this rank's shard is where the gathered bucket puts it
                 b.work.append(dist.all_gather_into_tensor(b.flat, b.param_shard, group=self.group, async_op=True))
             else:
                 b.stale = True

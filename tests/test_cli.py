@@ -168,6 +168,8 @@ BAD = [
     (["--sigterm-every", 0], "--sigterm-every 0: a number of steps >= 1"),
     (["--zero-bucket-view", "true"], "--zero-bucket-view true: ZeRO's flat parameter buffers need --weights zero"),
     (["--zero2-gather", "forward"], "--zero2-gather forward: where ZeRO-2 gathers its parameters needs --weights"),
+    (["--weights", "zero2", "--zero2-forward-share", 0.5], "--zero2-forward-share 0.5: the share of ZeRO-2's buckets"),
+    (["--zero2-bucket-mb", 4], "--zero2-bucket-mb 4.0: the size of ZeRO-2's buckets, > 0, with --weights zero2"),
     (["--ulysses-overlap", "true"], "--ulysses-overlap true: overlaps Ulysses' fused q/k/v all-to-all with the MLP"),
     (["--weights", "fsdp", "--grad-bucket-view", "true"], "--grad-bucket-view true: gradients in DDP's all-reduce"),
     (["--interleave-bare", 1], "--interleave-bare 1: 0 (off) or blocks of >= 2 steps"),

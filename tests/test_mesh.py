@@ -166,14 +166,17 @@ def test_grad_bucket_view_keeps_gradients_in_ddps_buckets(tmp_path, weights):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("harness,cp", [("bare", "ulysses"), ("lightning", "allgather-kv")])
-def test_zero2_gathering_in_the_forward_trains_like_one_process(single_process, tmp_path, harness, cp):
+@pytest.mark.parametrize("harness,cp,share", [("bare", "ulysses", 1), ("lightning", "allgather-kv", 1),
+                                              ("bare", "ulysses", 0.5)])
+def test_zero2_gathering_in_the_forward_trains_like_one_process(single_process, tmp_path, harness, cp, share):
     """--zero2-gather forward: each bucket's parameters gathered under the next step's forward (each unit of the
     forward waiting for its own buckets), the last step's after it (flush): every loss of 10 steps, the first step's
     gradients and the final parameters as one process's, fp64, 2 gloo ranks; the same collectives and bytes as
-    gathering under the backward (--dump-grads' gradient gathers included)."""
+    gathering under the backward (--dump-grads' gradient gathers included). share 0.5 (--zero2-forward-share): the
+    forward's first half of the buckets so, the rest gathered under the backward."""
+    buckets = ("--zero2-bucket-mb", 0.5) if share != 1 else ()  # 7 buckets of the tiny model's 3.5 MiB (else 1)
     got = exact_run(tmp_path, "--devices", 2, "--cp", cp, "--weights", "zero2", "--zero2-gather", "forward",
-                    "--harness", harness)
+                    "--zero2-forward-share", share, *buckets, "--harness", harness)
     d = got["summary"]
     assert (d["harness"], d["weights"], d["config"]["run"]["zero2_gather"]) == (harness, "zero2", "forward")
     assert_exact(got, single_process(1), rtol=1e-12 if harness == "bare" else 1e-10)
@@ -186,6 +189,13 @@ def test_zero2_gathering_in_the_forward_trains_like_one_process(single_process, 
     fwd = [(c, rec["phases"]["forward_end_ms"]) for rec in d["comm"]["ledger"] for c in rec["collectives"]
            if c["kind"] == "all_gather" and c["async"] and c["issue_ms"] < rec["phases"]["forward_end_ms"]]
     assert fwd and all(c["issue_ms"] <= c["wait_ms"] < end for c, end in fwd), fwd
+    # the forward gathers its share of the buckets, the backward the rest (and --dump-grads' gradients, every bucket's)
+    step = d["comm"]["ledger"][-1]
+    n = sum(c["kind"] == "reduce_scatter" and c["async"] for c in step["collectives"])  # a bucket's gradient each
+    gathers = [c["issue_ms"] < step["phases"]["forward_end_ms"] for c in step["collectives"]
+               if c["kind"] == "all_gather" and c["async"]]
+    k = round(share * n)  # the forward's share: 4 of the 7 buckets of 0.5 MiB at share 0.5; the 1 bucket of 25 MiB
+    assert n == (7 if share != 1 else 1) and (gathers.count(True), gathers.count(False)) == (k, 2 * n - k), gathers
 
 
 def test_a_dropped_zero2_optimizer_frees_its_model_and_state(tmp_path):

@@ -64,7 +64,7 @@ def borrow_ledgers(runs: list[Run]) -> None:
                            # what changes the collectives themselves, or where they are waited on
                            run_setting(run, "ulysses_qkv") if r.d["cp"] == "ulysses" else None,
                            *(run_setting(run, k) for k in ("split_conditioning", "zero_bucket_view", "zero2_gather",
-                                                           "ulysses_overlap"))],
+                                                           "zero2_forward_share", "zero2_bucket_mb", "ulysses_overlap"))],
                           sort_keys=True)
 
     donors: dict[str, list[Run]] = {}

@@ -211,7 +211,9 @@ def strategy_label(d: dict) -> str:
     # ZeRO: AdamW state sharded over the W ranks (zero2: gradients too); FSDP: parameters, gradients and state
     zero = {"zero": " zero", "zero2": " zero2", "fsdp": " fsdp"}.get(d.get("weights"), "")
     zero += "-buckets" if d["config"]["run"].get("zero_bucket_view") else ""  # ZeRO: one flat buffer per rank
-    zero += "-fwdgather" if run_setting(d["config"]["run"], "zero2_gather") == "forward" else ""  # in the forward
+    if run_setting(d["config"]["run"], "zero2_gather") == "forward":  # in the forward (a share of the buckets: %)
+        share = run_setting(d["config"]["run"], "zero2_forward_share")
+        zero += "-fwdgather" + (f"{share:.0%}" if share != 1 else "")
     if d["cp"] == "ulysses" and run_setting(d["config"]["run"], "ulysses_qkv") == "separate":
         cp += " qkv-separate"  # q, k, v in an all-to-all each (every run before the setting existed)
     if run_setting(d["config"]["run"], "ulysses_overlap"):
