@@ -2,6 +2,7 @@
 does not read them, in the forward and in the backward the autograd engine runs. (It trains as one process:
 tests/test_numerics.py; compiled blocks issue its collectives: tests/test_simulate.py.)"""
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -132,3 +133,11 @@ def test_inductor_keeps_the_mlp_gemms_between_issue_and_wait():
     """Inductor on CPU (its scheduler is the GPU's; tests/test_gpu.py runs it with triton): left to its peak-memory
     reordering it moved every backward wait up to its all-to-all; compile_options turns that off."""
     assert_gemm_between_issue_and_wait(order_in_inductors_code("cpu"))
+
+
+@pytest.mark.gpu
+def test_inductor_keeps_the_mlp_gemms_between_issue_and_wait_on_the_gpu():
+    """The same with inductor's triton backend on the GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    assert_gemm_between_issue_and_wait(order_in_inductors_code("cuda"))
