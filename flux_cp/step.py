@@ -44,14 +44,15 @@ def compile_model(model: FluxDiT, run) -> None:
     are traced with them."""
     scope = [model] if run.compile_scope == "model" else [*model.double_blocks, *model.single_blocks]
     for m in scope:
-        m.compile(**compile_options(run))
+        overlapped = run.ulysses_overlap and (m is model or m in model.single_blocks)
+        m.compile(**compile_options(run, overlapped))
 
 
-def compile_options(run) -> dict:
-    """torch.compile's arguments for the run's settings."""
+def compile_options(run, overlapped: bool = False) -> dict:
+    """torch.compile's arguments for the run's settings; overlapped: the code holds --ulysses-overlap's blocks."""
     mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
     options = None
-    if run.ulysses_overlap and run.compile_backend == "inductor":
+    if overlapped and run.compile_backend == "inductor":
         # inductor's peak-memory reordering (on by default) moves each wait_tensor up to its collective, which would
         # undo --ulysses-overlap in the backward (tests/test_overlap.py); options replace a mode, so they carry its own
         options = {**(torch._inductor.list_mode_options(mode) if mode else {}), "reorder_for_peak_memory": False}

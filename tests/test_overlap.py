@@ -113,7 +113,7 @@ def order_in_inductors_code(device: str) -> list[list[str]]:
 
     torch._dynamo.reset()
     run = RunConfig(cp="ulysses", ulysses_overlap=True, compile=True)
-    _, codes = run_and_get_code(lambda: overlapped_step(compile_options(run), device))
+    _, codes = run_and_get_code(lambda: overlapped_step(compile_options(run, overlapped=True), device))
     torch._dynamo.reset()
     calls = ("all_to_all_single.default(", "wait_tensor.default(", "extern_kernels.mm(", "extern_kernels.addmm(")
     return [[next(c for c in calls if c in line) for line in code.splitlines() if any(c in line for c in calls)]
