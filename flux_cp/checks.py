@@ -107,7 +107,8 @@ def resolve(
                           "under the forward, in (0, 1], with --zero2-gather forward (add it, or drop the share)")
     if run.ulysses_overlap and (run.cp != "ulysses" or run.ulysses_qkv != "fused"):
         raise ConfigError(f"--ulysses-overlap true: overlaps Ulysses' fused q/k/v all-to-all with the MLP (not --cp "
-                          f"{run.cp} --ulysses-qkv {run.ulysses_qkv}): use --cp ulysses --ulysses-qkv fused, or drop it")
+                          f"{run.cp} --ulysses-qkv {run.ulysses_qkv}): use --cp ulysses --ulysses-qkv fused, or "
+                          "drop it")
     if run.harness == "bare":
         _check_bare(run)
     if run.sync_debug and run.accelerator != "gpu":

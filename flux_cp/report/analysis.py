@@ -50,6 +50,11 @@ def misses_grad_sync(run: Run) -> bool:
             and not any(c["kind"] == "all_reduce" for rec in ledger for c in rec["collectives"]))
 
 
+# The run settings that change a step's collectives, or where they are waited on: an eager twin must share them
+TWIN_SETTINGS = ("split_conditioning", "zero_bucket_view", "zero2_gather", "zero2_forward_share", "zero2_bucket_mb",
+                 "ulysses_overlap")
+
+
 def borrow_ledgers(runs: list[Run]) -> None:
     """Each --step-graph run, and each run whose ledger misses its gradient sync, is priced with an eager twin's
     ledger (no CUDA graph: every collective recorded where the step issues and waits on it), of the same device,
@@ -63,8 +68,7 @@ def borrow_ledgers(runs: list[Run]) -> None:
                            r.d["cp"], run.get("rotate"), r.d.get("weights"), r.W,
                            # what changes the collectives themselves, or where they are waited on
                            run_setting(run, "ulysses_qkv") if r.d["cp"] == "ulysses" else None,
-                           *(run_setting(run, k) for k in ("split_conditioning", "zero_bucket_view", "zero2_gather",
-                                                           "zero2_forward_share", "zero2_bucket_mb", "ulysses_overlap"))],
+                           *(run_setting(run, k) for k in TWIN_SETTINGS)],
                           sort_keys=True)
 
     donors: dict[str, list[Run]] = {}
