@@ -75,6 +75,10 @@ def _below(op, args, kwargs, t=None):
     if t is None:
         t = next((t for t in _flat(args) if isinstance(t, torch.Tensor)), None)
     keys = torch._C._dispatch_keys(t) if t is not None else torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    if torch._C._meta_in_tls_dispatch_include():
+        # FakeTensorMode (compiling) runs the op with Meta in the thread's include set, which a tensor's own keys
+        # lack: without it the backend's kernel ran on fake tensors, registering work that no wait ever cleared
+        keys = keys.add(torch._C.DispatchKey.Meta)
     return op.redispatch(keys & _AFTER, *args, **kwargs)
 
 

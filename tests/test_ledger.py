@@ -59,3 +59,34 @@ def test_a_new_world_in_the_same_process_records_its_own_group_sizes():
         finally:
             dist.destroy_process_group()
     assert sizes == [[("all_reduce", 8)], [("all_reduce", 2)]]
+
+
+def test_compiling_while_recording_runs_no_collective_on_fake_tensors():
+    """torch.compile traces with FakeTensorMode, which runs an op's Meta kernel by putting Meta in the thread's
+    include set; the ledger's kernel redispatched by the tensor's own keys alone and so ran the backend's kernel on
+    fake tensors: on the fake group each left work registered that no wait cleared (--ulysses-overlap, compiled:
+    "unwaited collective calls" at exit), on NCCL it would launch collectives on no data. Traced here: all-to-alls
+    issued and awaited apart (flux_cp/overlap.py), forward and backward, while a step records."""
+    import torch._C._distributed_c10d as c10d
+
+    from flux_cp.overlap import _Await, _Issue
+
+    init_fake_world(2, 0)
+    try:
+        name = dist.group.WORLD.group_name
+        timer = StepTimer(cuda=False, enabled=False, ledger=CommLedger.get())
+
+        def f(x, w):
+            sent = _Issue.apply(x * 2, name, 2)
+            return (_Await.apply(sent, name, 2).sin() * (x @ w)).sum()
+
+        torch._dynamo.reset()
+        timer.start_step(regions=False, comm=True)
+        x, w = torch.randn(2, 4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+        torch.compile(f, backend="aot_eager")(x, w).backward()
+        step = timer.end_step()
+        assert [e["kind"] for e in step["comm"]] == ["all_to_all"] * 2  # the step's own, forward and backward
+        assert c10d._get_work_registry_size() == 0
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
