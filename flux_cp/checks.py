@@ -99,7 +99,7 @@ def resolve(
     if run.zero2_gather != "backward" and run.weights != "zero2":
         raise ConfigError(f"--zero2-gather {run.zero2_gather}: where ZeRO-2 gathers its parameters needs --weights "
                           f"zero2 (not {run.weights}; or drop --zero2-gather)")
-    if run.zero2_bucket_mb <= 0 or (run.zero2_bucket_mb != 25 and run.weights != "zero2"):
+    if run.zero2_bucket_mb <= 0 or (run.zero2_bucket_mb != RunConfig.zero2_bucket_mb and run.weights != "zero2"):
         raise ConfigError(f"--zero2-bucket-mb {run.zero2_bucket_mb}: the size of ZeRO-2's buckets, > 0, with --weights "
                           "zero2 (add it, or drop the size)")
     if not 0 < run.zero2_forward_share <= 1 or (run.zero2_forward_share != 1 and run.zero2_gather != "forward"):

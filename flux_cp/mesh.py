@@ -56,9 +56,9 @@ def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.
     if run.weights == "zero2" and dist.is_available() and dist.is_initialized():
         from flux_cp.zero2 import ShardedAdamW
 
-        return ShardedAdamW(model, full_grads=run.dump_grads, gather=run.zero2_gather,
-                            forward_share=run.zero2_forward_share, bucket_bytes=int(run.zero2_bucket_mb * 2**20),
-                            lr=run.lr, fused=fused, **capturable)
+        share = run.zero2_forward_share if run.zero2_gather == "forward" else 0.0  # of the gathers, under the forward
+        return ShardedAdamW(model, full_grads=run.dump_grads, forward_share=share,
+                            bucket_bytes=int(run.zero2_bucket_mb * 2**20), lr=run.lr, fused=fused, **capturable)
     if run.weights == "zero" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

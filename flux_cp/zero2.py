@@ -12,16 +12,17 @@ nothing on the host that a CUDA graph cannot replay (--step-graph).
 
     opt = ShardedAdamW(model, lr=..., fused=True)   # rebinds the parameters into flat buckets (the default group)
     opt.zero_grad(); loss.backward(); opt.step()    # the step every harness runs (flux_cp/step.py)
-    opt.flush()                                     # after the last step (gather="forward": parameters whole again)
+    opt.flush()                                     # after the last step (forward_share > 0: parameters whole again)
 
-gather="forward" (--zero2-gather forward) moves the all-gathers out of the backward into the next step's forward, as
-FSDP prefetches: the forward's first call issues every bucket's gather on the side stream, in forward order, and
-each unit of the forward (an embedder, a block, the output layers) waits for its own buckets' gathers before it
-runs. At W=8 the backward cannot hide both the reduce-scatters and the gathers (docs/results/2026-12-04e-h200-
-session.md): the forward takes the gathers, or with forward_share < 1 (--zero2-forward-share) its first share of
-the buckets, the rest staying under the backward (about as much communication as compute in each: the backward is
-~2/3 of the step and carries every reduce-scatter). Between steps the parameters are stale (this rank's shards
-updated, the rest not yet gathered): flush() gathers them whole.
+forward_share > 0 (--zero2-gather forward, --zero2-forward-share) moves that share of the all-gathers out of the
+backward into the next step's forward, as FSDP prefetches: the forward's first call issues the gathers of its first
+forward_share of the buckets on the side stream, in forward order, and each unit of the forward (an embedder, a
+block, the output layers) waits for its own buckets' gathers before it runs; the rest, the last layers' (reduced
+first, read last), stay under the backward. At W=8 the backward cannot hide both the reduce-scatters and the gathers
+(docs/results/2026-12-04e-h200-session.md): the forward takes all or part of the gathers (about as much
+communication as compute in each phase: the backward is ~2/3 of the step and carries every reduce-scatter).
+Between steps those parameters are stale (this rank's shards updated, the rest not yet gathered): flush() gathers
+them whole.
 """
 
 import contextlib
@@ -58,8 +59,8 @@ class _Bucket:
         self.param_shard.grad = self.grad[rank * shard:(rank + 1) * shard]  # the reduce-scatter's output, in place
         self.ready = 0  # parameters whose gradient this backward has accumulated
         self.work = None  # its collectives in flight (issued under the backward, waited in step)
-        self.stale = False  # gather="forward": its shard updated, its parameters not yet gathered
-        self.gathered = None  # gather="forward": the gather issued, waited by the first unit that reads the bucket
+        self.stale = False  # gathered in the forward: its shard updated, its parameters not yet gathered
+        self.gathered = None  # gathered in the forward: the gather issued, waited by the first unit reading the bucket
 
     def attach(self) -> None:
         """The parameters' gradients as the bucket's views (again: Lightning's fit start runs module.zero_grad(),
@@ -74,7 +75,7 @@ def _accumulated(ref: weakref.ref, index: int) -> None:
         opt._accumulated(opt.buckets[index])
 
 
-# Forward pre-hooks of gather="forward", run eagerly: inside a compiled block dynamo would trace their stream waits
+# Forward pre-hooks of the forward's gathers, run eagerly: inside a compiled block dynamo would trace their stream waits
 @torch._dynamo.disable
 def _gather_all(ref: weakref.ref, module, args) -> None:
     if (opt := ref()) is not None:
@@ -100,13 +101,11 @@ class ShardedAdamW(torch.optim.AdamW):
     group a bucket; see the module's docstring. zero_grad keeps the gradients in their buckets (zeroed in place);
     full_grads=True all-gathers the reduced gradients too (for the numerics dumps only: it doubles the traffic)."""
 
-    def __init__(self, model: nn.Module, group=None, full_grads: bool = False, gather: str = "backward",
-                 forward_share: float = 1.0, bucket_bytes: int = BUCKET_BYTES, **adamw):
-        if gather not in ("backward", "forward"):
-            raise ValueError(f"ShardedAdamW: gather={gather!r}: 'backward' or 'forward'")
-        if not 0 < forward_share <= 1:
-            raise ValueError(f"ShardedAdamW: forward_share={forward_share}: in (0, 1]")
-        self.group, self.gather = group, gather
+    def __init__(self, model: nn.Module, group=None, full_grads: bool = False, forward_share: float = 0.0,
+                 bucket_bytes: int = BUCKET_BYTES, **adamw):
+        if not 0 <= forward_share <= 1:
+            raise ValueError(f"ShardedAdamW: forward_share={forward_share}: in [0, 1]")
+        self.group = group
         self.world, rank = dist.get_world_size(group), dist.get_rank(group)
         self.full_grads = full_grads
         self.buckets: list[_Bucket] = []
@@ -127,14 +126,14 @@ class ShardedAdamW(torch.optim.AdamW):
             for p in b.params:
                 p.register_post_accumulate_grad_hook(lambda p, i=b.index: _accumulated(ref, i))
         super().__init__([{"params": [b.param_shard]} for b in self.buckets], **adamw)
-        # gather="forward": the forward gathers the first forward_share of the buckets in its order (the last in the
-        # backward's); the rest, the last layers' (reduced first, needed last), are gathered under the backward
+        # the forward gathers the first forward_share of the buckets in its order (the last in the backward's, at
+        # least one); the rest, the last layers' (reduced first, needed last), are gathered under the backward
         n = len(self.buckets)
-        self.gathered_in_backward = n - max(1, round(forward_share * n)) if gather == "forward" else n
+        self.gathered_in_backward = n - max(1, round(forward_share * n)) if forward_share else n
         device = self.buckets[0].flat.device if self.buckets else torch.device("cpu")
         # On CUDA each bucket's update and gather run on a side stream, under the rest of the backward
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
-        if gather == "forward":  # the forward issues the gathers and each unit waits for its own buckets'
+        if forward_share:  # the forward issues the gathers and each unit waits for its own buckets'
             model.register_forward_pre_hook(functools.partial(_gather_all, ref))
             where = {id(p): b.index for b in self.buckets for p in b.params}
             for unit in _units(model):
@@ -158,8 +157,8 @@ class ShardedAdamW(torch.optim.AdamW):
             yield
 
     def _sync(self, b: _Bucket) -> None:
-        """Reduce-scatter b's gradient, step AdamW on this rank's shard, all-gather b's parameters (gather="forward":
-        marked stale instead, gathered by the next forward): issued at once, on CUDA on the side stream (after what
+        """Reduce-scatter b's gradient, step AdamW on this rank's shard, all-gather b's parameters (or, if the forward
+        gathers b, mark it stale): issued at once, on CUDA on the side stream (after what
         the backward has issued so far), waited in step()."""
         b.grad.div_(self.world)  # the mean over ranks, divided first as DDP's all-reduce hook does
         rs = dist.reduce_scatter_tensor(b.param_shard.grad, b.grad, group=self.group, async_op=True)
@@ -180,8 +179,8 @@ class ShardedAdamW(torch.optim.AdamW):
                 b.work.append(dist.all_gather_into_tensor(b.grad, b.param_shard.grad, group=self.group, async_op=True))
 
     def _gather_stale(self) -> None:
-        """gather="forward": issue every stale bucket's all-gather, in forward order (the buckets are in backward
-        order), on CUDA on the side stream (after this rank's update there)."""
+        """Issue every stale bucket's all-gather, in forward order (the buckets are in backward order), on CUDA on
+        the side stream (after this rank's update there)."""
         with self._on_side():
             for b in reversed(self.buckets):
                 if b.stale:
@@ -206,8 +205,8 @@ class ShardedAdamW(torch.optim.AdamW):
         b.gathered = None
 
     def flush(self) -> None:
-        """Every parameter whole again (gather="forward" leaves them stale after a step): after the last step, before
-        reading them (a checkpoint, the numerics dumps). Nothing to do under gather="backward"."""
+        """Every parameter whole again (the forward's gathers leave them stale after a step): after the last step,
+        before reading them (a checkpoint, the numerics dumps). Nothing to do when the backward gathers them all."""
         self._gather_stale()
         for b in self.buckets:
             self._wait(b)

@@ -57,7 +57,7 @@ def overlapped_step(compile_args: dict | None = None, device="cpu") -> None:
             blk.compile(**compile_args)
         si, st = 48, 24  # a rank's image and text tokens
         x, text = torch.randn(1, si, cfg.model.in_channels), torch.randn(1, st, cfg.model.text_dim)
-        rope = tuple(t[: st + si] for t in model.rope(torch.zeros(st, 3), torch.zeros(si, 3)))
+        rope = model.rope(torch.zeros(st, 3), torch.zeros(si, 3))  # (cos, sin), each (S_l, Dh)
         batch = (x, text, torch.randn(1, cfg.model.pooled_dim), torch.rand(1))
         model(*(t.to(device) for t in batch), tuple(t.to(device) for t in rope)).square().mean().backward()
     finally:
