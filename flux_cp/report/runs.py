@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flux_cp.config import RUN_GROUPS, run_setting
+from flux_cp.config import RUN_GROUPS, RunConfig, run_setting
 from flux_cp.results import validate
 
 OPS = ("sdpa_fwd", "sdpa_bwd", "qkv_gemm_fwd", "qkv_gemm_bwd")
@@ -214,6 +214,8 @@ def strategy_label(d: dict) -> str:
     if run_setting(d["config"]["run"], "zero2_gather") == "forward":  # in the forward (a share of the buckets: %)
         share = run_setting(d["config"]["run"], "zero2_forward_share")
         zero += "-fwdgather" + (f"{share:.0%}" if share != 1 else "")
+    if (mb := run_setting(d["config"]["run"], "zero2_bucket_mb")) != RunConfig.zero2_bucket_mb:
+        zero += f"-{mb:g}MiB"  # ZeRO-2's buckets, not DDP's 25 MiB
     if d["cp"] == "ulysses" and run_setting(d["config"]["run"], "ulysses_qkv") == "separate":
         cp += " qkv-separate"  # q, k, v in an all-to-all each (every run before the setting existed)
     if run_setting(d["config"]["run"], "ulysses_overlap"):
