@@ -161,6 +161,11 @@ def test_grad_bucket_view_keeps_gradients_in_ddps_buckets(tmp_path, weights):
             storages[view] = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
             if view:
                 assert seen[1] == seen[2]  # the same bucket views every step (DDP rebuilds its buckets after the 1st)
+            # gloo's worker thread drops the comm hook's Python callback just after the last bucket's future completes,
+            # needing the GIL: a group destroyed at once (with DDP's reducer, holding the GIL) joined that thread and
+            # deadlocked (CI, 2026-12-04). The reducer goes while the group lives; the barrier waits without the GIL.
+            del ddp, opt
+            dist.barrier()
         assert len(storages[False]) == 8 and len(storages[True]) < 8
     finally:
         dist.destroy_process_group()
