@@ -10,6 +10,12 @@ backward (a bucket holds layers the rest of the backward no longer reads); the o
 gathers. The bytes of one all-reduce, no per-parameter traffic, the optimizer's work and state 1/W, no DDP wrapper,
 nothing on the host that a CUDA graph cannot replay (--step-graph).
 
+What the gradients cost the compute stream, at every W (the model's gradient bytes, 2.6 GB for Flux's 2 + 4 blocks,
+are whole on every rank until reduced): one copy each, autograd's gradient into its bucket, as FSDP2 copies into
+its reduce-scatter buffer; the mean is taken on this rank's reduced 1/W. DDP's way (buckets zeroed each step,
+gradients accumulated into them in place, each divided by W before its all-reduce) passes over those bytes three
+times more (zero; read, add, write; divide) where one GPU's step (gradients set to None) passes none.
+
     opt = ShardedAdamW(model, lr=..., fused=True)   # rebinds the parameters into flat buckets (the default group)
     opt.zero_grad(); loss.backward(); opt.step()    # the step every harness runs (flux_cp/step.py)
     opt.flush()                                     # after the last step (forward_share > 0: parameters whole again)
@@ -47,32 +53,25 @@ class _Bucket:
         self.flat = torch.zeros(self.size, dtype=p0.dtype, device=p0.device)  # the parameters
         self.grad = torch.zeros_like(self.flat)  # their gradients
         offset, self.grads = 0, []
-        for p in params:  # each parameter (and its gradient) a view of the bucket from here on
+        for p in params:  # each parameter a view of the bucket from here on, its gradient copied into one
             n = p.numel()
             self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
             p.data = self.flat[offset:offset + n].view_as(p)
             self.grads.append(self.grad[offset:offset + n].view_as(p))
             offset += n
-        self.attach()
         shard = self.size // world
         self.param_shard = self.flat.detach()[rank * shard:(rank + 1) * shard]  # AdamW's parameter: a view
         self.param_shard.grad = self.grad[rank * shard:(rank + 1) * shard]  # the reduce-scatter's output, in place
-        self.ready = 0  # parameters whose gradient this backward has accumulated
+        self.filled: set[int] = set()  # positions of the parameters whose gradient this backward has copied in
         self.work = None  # its collectives in flight (issued under the backward, waited in step)
         self.stale = False  # gathered in the forward: its shard updated, its parameters not yet gathered
         self.gathered = None  # gathered in the forward: the gather issued, waited by the first unit reading the bucket
 
-    def attach(self) -> None:
-        """The parameters' gradients as the bucket's views (again: Lightning's fit start runs module.zero_grad(),
-        which sets them to None)."""
-        for p, g in zip(self.params, self.grads):
-            if p.grad is not g:
-                p.grad = g
 
 
-def _accumulated(ref: weakref.ref, index: int) -> None:
+def _accumulated(ref: weakref.ref, index: int, position: int, param: nn.Parameter) -> None:
     if (opt := ref()) is not None:
-        opt._accumulated(opt.buckets[index])
+        opt._accumulated(opt.buckets[index], position, param)
 
 
 # Forward pre-hooks of the forward's gathers, run eagerly: inside a compiled block dynamo would trace their stream waits
@@ -98,8 +97,8 @@ def _units(model: nn.Module):
 
 class ShardedAdamW(torch.optim.AdamW):
     """AdamW over this rank's shard of every bucket (the parameters it steps: 1/W of the model's), one parameter
-    group a bucket; see the module's docstring. zero_grad keeps the gradients in their buckets (zeroed in place);
-    full_grads=True all-gathers the reduced gradients too (for the numerics dumps only: it doubles the traffic)."""
+    group a bucket; see the module's docstring. After a backward every parameter's gradient is its bucket's view;
+    zero_grad sets them None (the next backward's are copied over the bucket); full_grads=True all-gathers the reduced gradients too (for the numerics dumps only: it doubles the traffic)."""
 
     def __init__(self, model: nn.Module, group=None, full_grads: bool = False, forward_share: float = 0.0,
                  bucket_bytes: int = BUCKET_BYTES, **adamw):
@@ -123,8 +122,8 @@ class ShardedAdamW(torch.optim.AdamW):
         # cycle never collected (an in-process sweep kept every earlier zero2 run's model and state: +5-8 GiB each)
         ref = weakref.ref(self)
         for b in self.buckets:
-            for p in b.params:
-                p.register_post_accumulate_grad_hook(lambda p, i=b.index: _accumulated(ref, i))
+            for j, p in enumerate(b.params):
+                p.register_post_accumulate_grad_hook(lambda p, i=b.index, j=j: _accumulated(ref, i, j, p))
         super().__init__([{"params": [b.param_shard]} for b in self.buckets], **adamw)
         # the forward gathers the first forward_share of the buckets in its order (the last in the backward's, at
         # least one); the rest, the last layers' (reduced first, needed last), are gathered under the backward
@@ -140,9 +139,17 @@ class ShardedAdamW(torch.optim.AdamW):
                 if idx := tuple(sorted({where[id(p)] for p in unit.parameters() if id(p) in where})):
                     unit.register_forward_pre_hook(functools.partial(_wait_gathered, ref, idx))
 
-    def _accumulated(self, b: _Bucket) -> None:
-        b.ready += 1
-        if b.ready == len(b.params):  # its gradient is whole: sync and update it under the rest of the backward
+    def _accumulated(self, b: _Bucket, j: int, p: nn.Parameter) -> None:
+        """p's gradient is accumulated: autograd's own tensor (p.grad was None: autograd stole the backward's output,
+        no copy) copied into its bucket, the one write a step of it there (a bucket view kept as p.grad made
+        autograd add into it in place, after zero_grad had zeroed the bucket: three passes over the model's gradient
+        bytes a step where this is one; 2.6 GB a pass for Flux's 2 + 4 blocks, at every W)."""
+        g = b.grads[j]
+        if p.grad is not g:  # (it is g in a second backward before a step: autograd added into the view)
+            g.copy_(p.grad)
+            p.grad = g  # the bucket's view from here on; autograd's tensor freed
+        b.filled.add(j)
+        if len(b.filled) == len(b.params):  # its gradient is whole: sync and update it under the rest of the backward
             self._sync(b)
 
     @contextlib.contextmanager
@@ -160,10 +167,13 @@ class ShardedAdamW(torch.optim.AdamW):
         """Reduce-scatter b's gradient, step AdamW on this rank's shard, all-gather b's parameters (or, if the forward
         gathers b, mark it stale): issued at once, on CUDA on the side stream (after what
         the backward has issued so far), waited in step()."""
-        b.grad.div_(self.world)  # the mean over ranks, divided first as DDP's all-reduce hook does
         rs = dist.reduce_scatter_tensor(b.param_shard.grad, b.grad, group=self.group, async_op=True)
         with self._on_side():
             rs.wait()  # this stream (or, on CPU, the host) waits for the reduce-scatter
+            # The mean over ranks: this rank's reduced 1/W divided, on the side stream (DDP's hook divides the whole
+            # gradient before its all-reduce, a pass over the model's bytes on the compute stream; bf16 and fp32 sums
+            # do not overflow where fp16's could, the reason it divides first)
+            b.param_shard.grad.div_(self.world)
             groups = self.param_groups
             self.param_groups = [groups[b.index]]  # AdamW's step over b's group alone
             try:
@@ -212,18 +222,22 @@ class ShardedAdamW(torch.optim.AdamW):
             self._wait(b)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The gradients stay their buckets' views, zeroed (set_to_none is ignored, as under DDP's
-        gradient_as_bucket_view)."""
+        """Every parameter's gradient None, its bucket left as it is: the backward's gradients are copied over it
+        (set_to_none=False is ignored: zeroing the buckets would be a pass over the model's bytes for nothing)."""
         for b in self.buckets:
-            b.grad.zero_()
-            b.attach()
-            b.ready, b.work = 0, None
+            for p in b.params:
+                p.grad = None
+            b.filled.clear()
+            b.work = None
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for b in self.buckets:
-            if b.work is None:  # a parameter without a gradient this step: its bucket goes now
+            if b.work is None:  # a parameter without a gradient this step: its bucket goes now, that gradient zero
+                for j, g in enumerate(b.grads):
+                    if j not in b.filled:
+                        g.zero_()
                 self._sync(b)
         if self.side is not None:
             torch.cuda.current_stream(self.side.device).wait_stream(self.side)

@@ -244,3 +244,83 @@ def test_zero2_in_the_bare_loop_trains_like_one_process_with_the_all_reduces_byt
     assert set(sent) == {"all_to_all", "reduce_scatter", "all_gather"}
     # the dump's extra gathers of the gradients (--dump-grads) are in the all-gather's bytes: twice the model's
     assert sent["reduce_scatter"] == 2 * d["optimizer_params"] * 8 and sent["all_gather"] == 2 * sent["reduce_scatter"]
+
+
+def _bucket_grad_writes(opt, steps: int, model, x) -> list[int]:
+    """Bytes each step's aten ops write into the optimizer's gradient buckets (zero_grad, forward, backward, step)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    buckets = {b.grad.untyped_storage().data_ptr() for b in opt.buckets}
+
+    class Writes(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func.namespace == "aten":
+                values = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
+                for a in func._schema.arguments:
+                    t = values.get(a.name)
+                    if a.alias_info is not None and a.alias_info.is_write and isinstance(t, torch.Tensor) \
+                            and t.untyped_storage().data_ptr() in buckets:
+                        Writes.n += t.numel() * t.element_size()
+            return func(*args, **kwargs)
+
+    written = []
+    for _ in range(steps):
+        Writes.n = 0
+        with Writes():
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        written.append(Writes.n)
+    return written
+
+
+def test_zero2_writes_each_gradient_into_its_bucket_once_and_divides_its_own_shard():
+    """A ZeRO-2 step's compute-stream work on the gradients, at every W: autograd's gradient copied once into its
+    bucket, and this rank's reduced 1/W divided by W, nothing else (DDP's way, zeroing the buckets, adding into them in
+    place and dividing each whole, wrote 3x the model's gradient bytes a step: 2.6 GB a pass for Flux's 2 + 4 blocks).
+    Rank 0 of a fake group of 4 (the simulated rank's), 3 buckets, 4 steps."""
+    import torch.distributed as dist
+
+    from flux_cp.simulate import init_fake_world
+    from flux_cp.zero2 import ShardedAdamW
+
+    init_fake_world(4)
+    try:
+        model = torch.nn.Sequential(*(torch.nn.Linear(64, 64) for _ in range(6)))
+        opt = ShardedAdamW(model, lr=1e-3, bucket_bytes=2 * 64 * 65 * 4)  # 2 layers a bucket
+        assert len(opt.buckets) == 3
+        grads = sum(p.numel() * p.element_size() for p in model.parameters())
+        shards = sum(b.size // 4 * b.grad.element_size() for b in opt.buckets)
+        assert _bucket_grad_writes(opt, 4, model, torch.randn(8, 64)) == [grads + shards] * 4
+        assert all(p.grad is g for b in opt.buckets for p, g in zip(b.params, b.grads))  # readable after the step
+    finally:
+        dist.destroy_process_group()
+
+
+def test_zero2_reduces_a_zero_gradient_for_a_parameter_the_backward_left_out(tmp_path):
+    """A parameter without a gradient in a step (here the last layer, skipped) sends zeros in its bucket's
+    reduce-scatter, not its previous step's gradient (the buckets are no longer zeroed each step). Gloo, a group of
+    one: the reduced gradient is the bucket's."""
+    import torch.distributed as dist
+
+    from flux_cp.zero2 import ShardedAdamW
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+        opt = ShardedAdamW(layers, lr=1e-3)
+        x = torch.randn(4, 8)
+        for skip in (False, True):
+            opt.zero_grad()
+            h = layers[0](x)
+            (layers[1](h) if not skip else h).square().mean().backward()
+            opt.step()
+        (b,) = opt.buckets
+        left_out = [g for p, g in zip(b.params, b.grads) if any(p is q for q in layers[1].parameters())]
+        assert len(left_out) == 2 and all(torch.count_nonzero(g) == 0 for g in left_out)
+        assert layers[1].weight.grad is None  # no gradient this step, as torch leaves it
+    finally:
+        dist.destroy_process_group()
