@@ -144,8 +144,9 @@ def _check_step_graph(run: RunConfig) -> None:
     why = None
     if run.accelerator != "gpu":
         why = "CUDA graphs need a GPU (drop --step-graph on CPU)"
-    elif run.compile and run.compile_mode == "reduce-overhead":
-        why = "reduce-overhead's own CUDA graphs cannot nest in it (use --compile-mode default, or drop --step-graph)"
+    elif run.compile and run.compile_mode in ("reduce-overhead", "max-autotune"):
+        why = (f"{run.compile_mode}'s own CUDA graphs cannot nest in it (use --compile-mode default or "
+               "max-autotune-no-cudagraphs, or drop --step-graph)")
     elif run.interleave_bare:
         why = "the bare twin would need a graph of its own (drop --interleave-bare; --harness bare is the twin)"
     elif run.weights == "fsdp":

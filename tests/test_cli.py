@@ -186,6 +186,8 @@ BAD = [
     ({"harness": "lightning"}, None),
     ({"weights": "fsdp"}, "FSDP2 frees and gathers its shards"),
     ({"compile": True, "compile_mode": "reduce-overhead"}, "reduce-overhead's own CUDA graphs cannot nest"),
+    ({"compile": True, "compile_mode": "max-autotune"}, "max-autotune's own CUDA graphs cannot nest"),
+    ({"compile": True, "compile_mode": "max-autotune-no-cudagraphs"}, None),
     ({"warmup_steps": 11}, "--warmup-steps 11: it captures at the last warm-up step.*use >= 12"),
     ({"simulate_world": None, "cp": "none", "warmup_steps": 2}, "--warmup-steps 2: .*use >= 3"),
     ({"simulate_world": None, "cp": "none", "warmup_steps": 3}, None),

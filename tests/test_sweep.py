@@ -172,3 +172,15 @@ def test_compiled_artifacts_carry_to_a_fresh_process(tmp_path):
     assert second[1] == "None"  # nothing new compiled: nothing written again
     cold = run("c", FLUX_CP_COMPILE_CACHE_IN=str(tmp_path / "missing.bin.gz"))
     assert "not found" in cold[0] and cold[-1] == "hits 0 misses 1"
+
+
+def test_every_suite_checks_out_on_the_one_gpu_device():
+    """Every named suite (configs/suites/, what scripts/gpu_session.sh runs on the lent H200) passes the checks each of
+    its runs would meet on a one-GPU host, so a broken suite is found here, not in device time."""
+    bad = {}
+    for f in sorted((ROOT / "configs" / "suites").glob("*.yaml")):
+        try:
+            assert load_sweep(f, cuda_available=True, gpu_count=1).runs, f"{f.name}: no runs"
+        except ConfigError as e:
+            bad[f.name] = str(e)
+    assert not bad, bad
