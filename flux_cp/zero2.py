@@ -98,7 +98,8 @@ def _units(model: nn.Module):
 class ShardedAdamW(torch.optim.AdamW):
     """AdamW over this rank's shard of every bucket (the parameters it steps: 1/W of the model's), one parameter
     group a bucket; see the module's docstring. After a backward every parameter's gradient is its bucket's view;
-    zero_grad sets them None (the next backward's are copied over the bucket); full_grads=True all-gathers the reduced gradients too (for the numerics dumps only: it doubles the traffic)."""
+    zero_grad sets them None (the next backward's are copied over the bucket). full_grads=True all-gathers the
+    reduced gradients too (for the numerics dumps only: it doubles the traffic)."""
 
     def __init__(self, model: nn.Module, group=None, full_grads: bool = False, forward_share: float = 0.0,
                  bucket_bytes: int = BUCKET_BYTES, **adamw):

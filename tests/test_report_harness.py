@@ -246,7 +246,7 @@ def test_pooled_steps_give_a_verdict_only_where_their_spread_resolves_it():
     """Within, over, faster, or not resolved: from the bootstrap interval of the pooled medians' ratio."""
     import random
 
-    from flux_cp.report.analysis import _pooled_verdict, pooled_overhead
+    from flux_cp.report.harness import _pooled_verdict, pooled_overhead
 
     rng = random.Random(1)
     bare = [100 + rng.gauss(0, 0.5) for _ in range(120)]
@@ -272,7 +272,7 @@ def test_a_lightning_step_much_faster_than_its_twin_is_not_within_the_target():
 def test_a_pair_whose_host_changed_speed_says_so():
     """The lent H200 hosts ran the same step 2x apart between calls, and one slowed 2x within a call: a pair whose
     host speed (env.host_op_us at the start, host_op_us_end at the end of each run) moved over 15% is marked."""
-    from flux_cp.report.analysis import _host_changed, _host_speeds
+    from flux_cp.report.harness import _host_changed, _host_speeds
     from flux_cp.report.render import _against_target
 
     lit = {"env": {"host_op_us": 2.0}, "host_op_us_end": 2.1}

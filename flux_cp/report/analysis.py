@@ -7,19 +7,18 @@ timeline. A simulated rank (fake collectives) measured compute only: its project
 prediction. A real multi-rank step contains its communication: the predicted exposure is taken out of
 it to name the parts (labelled an estimate).
 
-Harness overhead: each Lightning row's step against its bare twin's (runs.twin_key), the issue's bound 3%.
+Harness overhead (each Lightning row's step against its bare twin's): harness.py.
 """
 
 import json
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from flux_cp.config import DDP_WEIGHTS, run_setting
 from flux_cp.links import LinkProfile, for_world
 from flux_cp.predict import approximate_ledger, predict, predict_ledger
-from flux_cp.results import pooled_overhead
 
+from .harness import harness_overhead
 from .runs import (
     COMPUTE,
     OPS,
@@ -34,12 +33,11 @@ from .runs import (
     group,
     isolated_for,
     isolated_rows,
-    strategy_label,
-    twin_key,
+    noise,
+    ratio,
 )
 
 KV_KINDS = ("all_to_all", "send", "recv", "all_gather", "reduce_scatter")  # + FSDP's gathers: weights, below
-HARNESS_TARGET_PCT = 3.0  # the issue's bound on Lightning's step over the bare loop's, at every W
 
 
 def misses_grad_sync(run: Run) -> bool:
@@ -214,19 +212,6 @@ def _peak_gib(d: dict) -> float | None:
     return mem.get("allocated_gib", mem.get("host_max_rss_gib"))
 
 
-def _ratio(a, b):
-    return a / b if a is not None and b else None
-
-
-def noise(base: dict, a: dict) -> dict:
-    """Is the step difference between the baseline and this row larger than the steps' own spread?"""
-    spreads = [x["step_spread_ms"] for x in (base, a) if x["step_spread_ms"] is not None]
-    spread = max(spreads) if spreads else None
-    diff = abs(base["step_ms"] - a["projected_step_ms"])
-    return {"spread_ms": spread, "kind": a["step_spread_kind"], "diff_ms": diff,
-            "noisy": spread is not None and spread > diff}
-
-
 MIN_ISOLATED_CALLS = 10  # fewer timed calls per op than this: no verdict from their ratio
 
 
@@ -240,139 +225,6 @@ def isolated_noisy(base: dict | None, row: dict | None) -> bool:
     if None in (b0, b1, r0, r1):
         return True
     return b0 <= r1 and r0 <= b1
-
-
-def _step_side(run: Run) -> dict:
-    """A run's step median and spread, as noise() reads them (measured steps only: no comm projected)."""
-    spread, kind = run.spread("step_ms")
-    step = run.metric("step_ms")
-    return {"step_ms": step, "projected_step_ms": step, "step_spread_ms": spread, "step_spread_kind": kind}
-
-
-def _pct_over(a, b):
-    return None if (r := _ratio(a, b)) is None else 100 * (r - 1)
-
-
-HOST_CHANGE = 1.15  # host speeds further apart than this within a pair: the host, not the harness, moved the step
-
-
-def _host_speeds(d: dict) -> list[float]:
-    return [x for x in (d["env"].get("host_op_us"), d.get("host_op_us_end")) if x]
-
-
-def _host_changed(speeds: list[float]) -> bool:
-    return len(speeds) >= 2 and max(speeds) > HOST_CHANGE * min(speeds)
-
-
-def _twin(lit: Run, twins: list[Run]) -> tuple[Run, list[Run]]:
-    """(the bare twin, the others): the latest of those run beside the Lightning run (its suite's folder), else the
-    latest of all: a later suite's bare run of the same settings ran on another host's mood, not as its pair."""
-    beside = [r for r in twins if r.path.parent.parent == lit.path.parent.parent]  # path: the summary.json
-    twin = _latest(beside or twins)[0]
-    return twin, [r for r in twins if r is not twin]
-
-
-def harness_overhead(configs: list[Config], runs: list[Run]) -> dict:
-    """Each Lightning row's step against its bare twin's (the latest bare run with its twin_key), once per run
-    (the W=1 baseline is every strategy's row); bare runs matched to no row are listed."""
-    bare: dict[str, list[Run]] = {}
-    for r in runs:
-        if r.d["mode"] == "train" and r.harness == "bare":
-            bare.setdefault(twin_key(r.d), []).append(r)
-    rows, by_run, used = [], {}, set()
-    for c in configs:
-        for row in c.rows:
-            lit = row.run
-            if lit.harness != "lightning" or not (twins := bare.get(twin_key(lit.d))):
-                continue
-            if lit.path in by_run:
-                by_run[lit.path]["configs"].append(c.id)
-                continue
-            twin, dup = _twin(lit, twins)
-            used.update(r.path for r in twins)
-            n = noise(_step_side(twin), _step_side(lit))
-            pct = _pct_over(lit.metric("step_ms"), twin.metric("step_ms"))
-            by_run[lit.path] = {
-                "configs": [c.id], "strategy": c.strategy, "W": row.W, "lightning_run": str(lit.path),
-                "bare_run": str(twin.path), "other_bare_runs": len(dup),
-                "lightning_step_ms": lit.metric("step_ms"), "bare_step_ms": twin.metric("step_ms"),
-                "overhead_pct": pct, "noise": n, "noisy": n["noisy"],
-                "within_target": pct is not None and abs(pct) <= HARNESS_TARGET_PCT,  # faster is no better: a bias
-                # the loop's period (data and hooks between steps too), where both record it
-                "lightning_loop_ms": lit.metric("loop_ms"), "bare_loop_ms": twin.metric("loop_ms"),
-                "loop_overhead_pct": _pct_over(lit.metric("loop_ms"), twin.metric("loop_ms")),
-                # the host's speed at each run's start and end (us per tiny op): a pair is only comparable on one
-                "host_op_us": (hosts := {"lightning": _host_speeds(lit.d), "bare": _host_speeds(twin.d)}),
-                "host_changed": _host_changed(hosts["lightning"] + hosts["bare"]),
-            }
-            rows.append(by_run[lit.path])
-    unmatched = sorted(({"run": r.name, "path": str(r.path), "W": r.W} for rs in bare.values() for r in rs
-                        if r.path not in used), key=lambda x: x["path"])
-    return {"target_pct": HARNESS_TARGET_PCT, "rows": rows, "unmatched_bare": unmatched,
-            "repeats": harness_repeats(runs, bare), "interleaved": harness_interleaved(runs)}
-
-
-def harness_interleaved(runs: list[Run]) -> list[dict]:
-    """Lightning runs with a bare twin inside them (--interleave-bare: callbacks/twin.py): their steps and the twin's
-    saw the same host within seconds, so their interval is the harness's, not the host's."""
-    out = []
-    for r in runs:
-        tw = r.d.get("interleaved_bare") or {}
-        if r.d["mode"] == "train" and "ci95_pct" in tw:
-            out.append({"run": str(r.path), "strategy": strategy_label(r.d), "W": r.W, "every": tw["every"],
-                        "steps": [tw["lightning_steps"], tw["steps"]], "overhead_pct": tw["overhead_pct"],
-                        "ci95_pct": tw["ci95_pct"], "verdict": _pooled_verdict(tw["ci95_pct"])})
-    return sorted(out, key=lambda x: (x["strategy"], x["W"], x["run"]))
-
-
-def _measured_steps(run: Run) -> list[float]:
-    """The run's measured step_ms values (summary.json per_step: plain steps; the others are None)."""
-    return [x for x in (run.d.get("per_step") or {}).get("step_ms", []) if x is not None]
-
-
-def _pooled_verdict(ci: list[float]) -> str:
-    """Against the target, from the interval: a verdict only where the steps' spread resolves it."""
-    t = HARNESS_TARGET_PCT
-    if -t <= ci[0] and ci[1] <= t:
-        return "within"
-    if ci[0] > t:
-        return "over"
-    if ci[1] < -t:
-        return "faster (a bias)"
-    return "not resolved"
-
-
-def harness_repeats(runs: list[Run], bare: dict[str, list[Run]]) -> list[dict]:
-    """Pairs of one configuration and W repeated with other data seeds (configs/suites/flux_harness_repeat.yaml):
-    every Lightning run with a bare twin of its own seed, grouped over the seeds; the median overhead of a group and
-    its range. One pair cannot show a few % where steps move ~15% run to run; several interleaved pairs can, and so
-    can every measured step of the group pooled per harness, with a bootstrap interval (`pooled_*`)."""
-    groups: dict[tuple, list] = {}
-    for r in runs:
-        if r.d["mode"] != "train" or r.harness != "lightning" or not (twins := bare.get(twin_key(r.d))):
-            continue
-        twin = _twin(r, twins)[0]
-        pct = _pct_over(r.metric("step_ms"), twin.metric("step_ms"))
-        unseeded = json.loads(twin_key(r.d))  # [mode, device, model, data, run]
-        unseeded[3] = {k: v for k, v in unseeded[3].items() if k != "seed"}
-        key = (strategy_label(r.d), r.W, json.dumps(unseeded, sort_keys=True))
-        if pct is not None:
-            groups.setdefault(key, []).append((pct, _measured_steps(r), _measured_steps(twin)))
-    out = []
-    for (strategy, W, _), pairs in groups.items():
-        if len(pairs) < 2:
-            continue
-        pcts = [p for p, _, _ in pairs]
-        g = {"strategy": strategy, "W": W, "pairs": len(pairs), "overhead_pct_median": statistics.median(pcts),
-             "overhead_pct_range": [min(pcts), max(pcts)],
-             "within_target": abs(statistics.median(pcts)) <= HARNESS_TARGET_PCT}
-        lit, twin = [x for _, ls, _ in pairs for x in ls], [x for _, _, bs in pairs for x in bs]
-        if lit and twin:
-            est, ci = pooled_overhead(lit, twin)
-            g |= {"pooled_steps": [len(lit), len(twin)], "pooled_overhead_pct": est, "pooled_ci95_pct": ci,
-                  "pooled_verdict": _pooled_verdict(ci)}
-        out.append(g)
-    return out
 
 
 def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:
@@ -389,19 +241,19 @@ def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:
             a["verdict"] = _verdict(a, None)
             continue
         p = a["prediction"]
-        a["speedup"] = {"step": _ratio(base["step_ms"], a["step_ms"]),
-                        "projected_step": _ratio(base["step_ms"], a["projected_step_ms"]),
+        a["speedup"] = {"step": ratio(base["step_ms"], a["step_ms"]),
+                        "projected_step": ratio(base["step_ms"], a["projected_step_ms"]),
                         # the prediction's bounds: nothing overlapped .. everything overlapped
-                        "bounds": [_ratio(base["step_ms"], p["upper_ms"]), _ratio(base["step_ms"], p["lower_ms"])],
+                        "bounds": [ratio(base["step_ms"], p["upper_ms"]), ratio(base["step_ms"], p["lower_ms"])],
                         # a simulated loop lacks the communication the projected step adds: no loop speedup
-                        "loop": None if a["simulated"] else _ratio(base["loop_ms"], a["loop_ms"])}
+                        "loop": None if a["simulated"] else ratio(base["loop_ms"], a["loop_ms"])}
         a["noise"] = noise(base, a)
-        a["speedup_instep"] = {op: _ratio(base["regions_ms"][op], a["regions_ms"][op]) for op in OPS}
-        a["speedup_isolated"] = {op: _ratio(base["isolated_call_ms"].get(op), a["isolated_call_ms"].get(op))
+        a["speedup_instep"] = {op: ratio(base["regions_ms"][op], a["regions_ms"][op]) for op in OPS}
+        a["speedup_isolated"] = {op: ratio(base["isolated_call_ms"].get(op), a["isolated_call_ms"].get(op))
                                  for op in OPS}
         a["isolated_noisy"] = {op: isolated_noisy(base["isolated_rows"].get(op), a["isolated_rows"].get(op))
                                for op in OPS if a["speedup_isolated"][op]}
-        a["speedup_parts"] = {p: _ratio(base["parts_ms"][p], a["parts_ms"][p]) for p in COMPUTE}
+        a["speedup_parts"] = {p: ratio(base["parts_ms"][p], a["parts_ms"][p]) for p in COMPUTE}
         # Amdahl: the W=1 compute parts, each divided by its own measured speedup (= the part at W).
         compute_w = sum(base["parts_ms"][p] / s for p in COMPUTE if (s := a["speedup_parts"][p]))
         compute_w += sum(a["parts_ms"][p] for p in COMPUTE if not a["speedup_parts"][p])  # zero at W=1
@@ -416,12 +268,12 @@ def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:
                         + base["parts_ms"]["other"] / row.W + comm)
         a["amdahl"] = {
             "compute_ms": compute_w,
-            "predicted_speedup": _ratio(base["step_ms"], compute_w),
-            "measured_speedup": _ratio(base["step_ms"], measured),
+            "predicted_speedup": ratio(base["step_ms"], compute_w),
+            "measured_speedup": ratio(base["step_ms"], measured),
             "residual_ms": resid,
             "residual": named,
             "residual_named": max(named, key=named.get) if resid > 0 and max(named.values()) > 0 else None,
-            "isolated_predicted_speedup": _ratio(base["step_ms"], iso_pred),
+            "isolated_predicted_speedup": ratio(base["step_ms"], iso_pred),
             "ideal_speedup": row.W,
         }
         a["verdict"] = _verdict(a, base)
@@ -460,7 +312,7 @@ def _verdict(a: dict, base: dict | None) -> str:
         sdpa = None
         if None not in (base["regions_ms"]["sdpa_fwd"], base["regions_ms"]["sdpa_bwd"], a["regions_ms"]["sdpa_fwd"],
                         a["regions_ms"]["sdpa_bwd"]):
-            sdpa = _ratio(base["regions_ms"]["sdpa_fwd"] + base["regions_ms"]["sdpa_bwd"],
+            sdpa = ratio(base["regions_ms"]["sdpa_fwd"] + base["regions_ms"]["sdpa_bwd"],
                           a["regions_ms"]["sdpa_fwd"] + a["regions_ms"]["sdpa_bwd"])
         other = a["speedup_parts"]["other"]
         if sdpa is not None and other and other > sdpa * 1.2 and s > 1.1 and not n["noisy"]:

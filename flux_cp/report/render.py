@@ -9,11 +9,11 @@ from pathlib import Path
 
 from flux_cp.links import name_of
 
-from .analysis import Report, _ratio
+from .analysis import Report
 from .figures import config_figures, reconcile_figure, regimes_figure
 from .reconcile import WATERFALL
 from .regimes import BEYOND, RING, TOLERANCE, USER_RUN, USER_SEQ, USER_SPEEDUP
-from .runs import OPS, PART_LABEL, PARTS, Config
+from .runs import OPS, PART_LABEL, PARTS, Config, ratio
 
 
 def _f(x, nd: int = 3, suffix: str = "") -> str:
@@ -80,7 +80,7 @@ def tables(c: Config) -> list[tuple[str, list[str], list[list[str]]]]:
         bd = {w: r.d["profile"]["breakdown_ms"] for w, r in sorted(c.profiled.items())}
         base = bd.get(1, {})
         hdr = ["W", "run", *[f"{k} ms (x W=1)" for k in KERNEL_CLASSES]]
-        rows = [[str(w), c.profiled[w].name, *[f"{_f(b.get(k))} ({_f(_ratio(b.get(k), base.get(k)), 3)})"
+        rows = [[str(w), c.profiled[w].name, *[f"{_f(b.get(k))} ({_f(ratio(b.get(k), base.get(k)), 3)})"
                                                for k in KERNEL_CLASSES]] for w, b in bd.items()]
         out.append(("Kernel time per step by class, profiler (ratio to W=1; 1/W is perfect scaling)", hdr, rows))
     return out

@@ -388,3 +388,14 @@ def isolated_for(iso: list[dict], key: dict, W: int, cp: str) -> dict[str, dict]
     return found
 
 
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def noise(base: dict, a: dict) -> dict:
+    """Is the step difference between the baseline and this row larger than the steps' own spread?"""
+    spreads = [x["step_spread_ms"] for x in (base, a) if x["step_spread_ms"] is not None]
+    spread = max(spreads) if spreads else None
+    diff = abs(base["step_ms"] - a["projected_step_ms"])
+    return {"spread_ms": spread, "kind": a["step_spread_kind"], "diff_ms": diff,
+            "noisy": spread is not None and spread > diff}
