@@ -305,3 +305,37 @@ def test_a_reproducing_regime_names_the_fastest_configuration_at_each_w(tmp_path
     assert recipe_for(ring["config"]["run"]) is None  # no recipe is the user's ring
     assert b["peak_gib"] == 41.25
     assert any("what to run: W=2 ulysses" in line and "peak 41.2 GiB per rank" in line for line in regime_lines(report))
+
+
+def test_levers_pair_runs_of_one_call_that_differ_in_one_lever(tmp_path):
+    """Issue 26's before/after (flux_cp/report/levers.py): in one suite's folder, runs that differ only in a lever's
+    settings make a row at their W, the lever's default the "before", repeats their median run, each step the report's
+    own prediction; runs of another folder (another call) or differing in a second setting make none."""
+    def run(folder, name, W, ms, **settings):
+        d = summary(SIM[W], name, ms)
+        d["config"]["run"] |= settings
+        return put(tmp_path / folder, name, d)
+
+    off = {W: run("call1", f"off-w{W}", W, 40.0) for W in (2, 8)}
+    on = {2: [run("call1", f"on-w2-{i}", 2, ms, ulysses_overlap=True) for i, ms in enumerate((36.0, 30.0, 38.0))],
+          8: [run("call1", "on-w8", 8, 33.0, ulysses_overlap=True)]}
+    run("call1", "on-w8-autotune", 8, 20.0, ulysses_overlap=True, compile_mode="max-autotune-no-cudagraphs")
+    run("call2", "on-w2-later", 2, 10.0, ulysses_overlap=True)  # another call: no pair with call1's
+    report = build(tmp_path, link=LINK)
+    rows = [r for r in report.levers["rows"] if r["lever"] == "all-to-alls under the MLP"]
+    assert [(r["W"], r["before_run"], r["after_run"], r["suite"]) for r in rows] == [
+        (2, "off-w2", "on-w2-0", "call1"), (8, "off-w8", "on-w8", "call1")]  # on-w2-0: the median of 36, 30, 38
+    for r in rows:
+        W = r["W"]
+        after = next(d for d in on[W] if d["run_name"] == r["after_run"])
+        want = [predicted(off[W], W).predicted_ms, predicted(after, W).predicted_ms]
+        assert r["predicted_step_ms"] == pytest.approx(want, rel=1e-9) and r["step_ms"] == [40.0, after["metrics"][
+            "step_ms"]["median"]]
+        assert (r["before"], r["after"], r["basis"]) == (False, True, "predicted")
+        assert r["change_pct"] == pytest.approx(100 * (want[1] / want[0] - 1))
+    # the autotuned run pairs with its own mode's twin (compile mode, both overlapped), not with the blocking run
+    (mode,) = [r for r in report.levers["rows"] if r["lever"] == "compile mode"]
+    assert (mode["before_run"], mode["after_run"], mode["after"]) == ("on-w8", "on-w8-autotune",
+                                                                      "max-autotune-no-cudagraphs")
+    md = (write_report(report, tmp_path / "out")["md"]).read_text()
+    assert "## Levers: one setting changed, in one call" in md and "| all-to-alls under the MLP |" in md

@@ -352,6 +352,7 @@ class Report:
     reconcile: dict | None = None  # reconcile.reconcile()'s section
     harness: dict | None = None  # harness_overhead(): Lightning rows against their bare twins
     regimes: dict | None = None  # regimes.regimes(): the user's W >= 2 runs against every W=1 baseline kind
+    levers: dict | None = None  # levers.levers(): pairs of runs of one call that differ in one lever's settings
 
     def to_dict(self) -> dict:
         return {
@@ -364,6 +365,8 @@ class Report:
             "regime_summary": (self.regimes or {}).get("summary", {}),
             "regime_unpaired": (self.regimes or {}).get("unpaired", []),
             "regime_notes": (self.regimes or {}).get("notes", []),
+            "levers": (self.levers or {}).get("rows", []),
+            "lever_notes": (self.levers or {}).get("notes", []),
             "isolated": self.iso,
             "skipped": [{"path": str(s.path), "status": s.status, "reason": s.reason} for s in self.skipped],
         }
@@ -380,6 +383,7 @@ def build(root: Path, link=None, cpu_link=None,
     """Discover, group, analyse; then the reconciliation section for the user's strategy."""
     from flux_cp import links
 
+    from .levers import levers
     from .reconcile import reconcile
     from .regimes import regimes
 
@@ -404,4 +408,5 @@ def build(root: Path, link=None, cpu_link=None,
     rep.reconcile = reconcile(rep, user)
     rep.harness = harness_overhead(configs, runs)
     rep.regimes = regimes(rep)
+    rep.levers = levers(rep)
     return rep

@@ -318,10 +318,29 @@ def regime_lines(report: Report) -> list[str]:
             for i, (rid, s) in enumerate(summary.items(), 1)]
 
 
+def levers_md(report: Report) -> list[str]:
+    """Each lever's A/B in one call (levers.py): the rank's step and the predicted step, before and after."""
+    lv = report.levers or {}
+    if not lv.get("rows"):
+        return []
+    hdr = ["lever", "strategy", "build", "W", "before -> after", "rank step ms", "predicted ms", "change", "peak GiB",
+           "basis", "suite"]
+    rows = [[r["lever"], r["strategy"], r["build"], str(r["W"]), f"{r['before']} -> {r['after']}",
+             " -> ".join(_f(x) for x in r["step_ms"]), " -> ".join(_f(x) for x in r["predicted_step_ms"]),
+             "-" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%",
+             " -> ".join(_f(x) for x in r["peak_gib"]), r["basis"], r["suite"]] for r in lv["rows"]]
+    out = ["## Levers: one setting changed, in one call", "",
+           "Pairs of runs of one suite's folder (one call, one host) whose settings differ only in the lever's, at "
+           "the same W and harness; the rank's measured step and the predicted step (its collectives priced) "
+           "before and after. Repeated runs: their median run.", "", _md_table(hdr, rows), ""]
+    return out + [f"- {n}" for n in lv.get("notes", [])] + ([""] if lv.get("notes") else [])
+
+
 def render_md(report: Report, figs: dict[str, list[Path]]) -> str:
     out = ["# flux-cp report", "", *[p + "\n" for p in _intro(report)]]
     out += reconcile_md(report.reconcile, figs.get("reconcile", []))
     out += regimes_md(report, figs.get("regimes", []))
+    out += levers_md(report)
     out += harness_md(report)
     if not report.configs:
         out.append("No complete train runs: nothing to reconcile.\n")
