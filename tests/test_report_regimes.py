@@ -331,6 +331,7 @@ def test_levers_pair_runs_of_one_call_that_differ_in_one_lever(tmp_path):
         want = [predicted(off[W], W).predicted_ms, predicted(after, W).predicted_ms]
         assert r["predicted_step_ms"] == pytest.approx(want, rel=1e-9) and r["step_ms"] == [40.0, after["metrics"][
             "step_ms"]["median"]]
+        assert r["exposed_comm_ms"] == pytest.approx([predicted(off[W], W).exposed_ms, predicted(after, W).exposed_ms])
         assert (r["before"], r["after"], r["basis"]) == (False, True, "predicted")
         assert r["change_pct"] == pytest.approx(100 * (want[1] / want[0] - 1))
     # the autotuned run pairs with its own mode's twin (compile mode, both overlapped), not with the blocking run

@@ -95,6 +95,7 @@ def levers(report) -> dict:
                     "before_run": base.name, "after_run": run.name,
                     "step_ms": [base.metric("step_ms"), run.metric("step_ms")],
                     "predicted_step_ms": [before, after],
+                    "exposed_comm_ms": [_exposed(a0), _exposed(a1)],  # the collectives' share of each prediction
                     "change_pct": None if not before or after is None else 100 * (after / before - 1),
                     "basis": "predicted" if a1["collectives"] == "fake" else "measured",
                     "peak_gib": [a0.get("peak_gib"), a1.get("peak_gib")],
@@ -117,6 +118,11 @@ def _suite(root, run: Run) -> str:
         return str(folder.relative_to(root))
     except ValueError:
         return str(folder)
+
+
+def _exposed(a: dict) -> float | None:
+    """The communication a prediction leaves exposed (none at W=1, or measured inside a real multi-rank step)."""
+    return (a.get("prediction") or {}).get("exposed_ms")
 
 
 def _value(v: tuple):

@@ -323,12 +323,13 @@ def levers_md(report: Report) -> list[str]:
     lv = report.levers or {}
     if not lv.get("rows"):
         return []
-    hdr = ["lever", "strategy", "build", "W", "before -> after", "rank step ms", "predicted ms", "change", "peak GiB",
-           "basis", "suite"]
+    hdr = ["lever", "strategy", "build", "W", "before -> after", "rank step ms", "predicted ms", "change",
+           "exposed comm ms", "peak GiB", "basis", "suite"]
     rows = [[r["lever"], r["strategy"], r["build"], str(r["W"]), f"{r['before']} -> {r['after']}",
              " -> ".join(_f(x) for x in r["step_ms"]), " -> ".join(_f(x) for x in r["predicted_step_ms"]),
              "-" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%",
-             " -> ".join(_f(x) for x in r["peak_gib"]), r["basis"], r["suite"]] for r in lv["rows"]]
+             " -> ".join(_f(x) for x in r["exposed_comm_ms"]), " -> ".join(_f(x) for x in r["peak_gib"]), r["basis"],
+             r["suite"]] for r in lv["rows"]]
     out = ["## Levers: one setting changed, in one call", "",
            "Pairs of runs of one suite's folder (one call, one host) whose settings differ only in the lever's, at "
            "the same W and harness; the rank's measured step and the predicted step (its collectives priced) "
