@@ -68,7 +68,6 @@ class _Bucket:
         self.gathered = None  # gathered in the forward: the gather issued, waited by the first unit reading the bucket
 
 
-
 def _accumulated(ref: weakref.ref, index: int, position: int, param: nn.Parameter) -> None:
     if (opt := ref()) is not None:
         opt._accumulated(opt.buckets[index], position, param)
