@@ -43,6 +43,7 @@ from flux_cp.results import (
 from flux_cp.simulate import allreduce_hook, init_fake_world
 from flux_cp.step import FluxStep, build_model, default_dtype, init_device
 from flux_cp.timing import StepTimer, instrumented, timed_names
+from flux_cp.tp import ignore_in_ddp, shard_model
 
 
 def _launch_ranks(run, command: list[str]) -> list[subprocess.Popen]:
@@ -129,6 +130,9 @@ def _run(cfg: BenchConfig, report) -> int:
     dtype = DTYPES[run.precision]
     model = build_model(cfg).to(device, dtype)  # fp32 init, then the run's precision (Lightning's plugin does the same)
     mesh = build_mesh(device.type, run.dp, run.cp_degree)
+    if run.cp == "tp" and mesh is not None:  # before DDP and the optimizer see the parameters
+        cp = mesh["cp"]
+        ignore_in_ddp(model, shard_model(model, cp.get_local_rank(), cp.size(), cp.get_group()))
     fwd, opt = wrap_for_training(model, run, device)
     timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=ledger_for(run))  # one event pair per step
     step = FluxStep(cfg, model, device, mesh["cp"] if mesh is not None else None, timer)

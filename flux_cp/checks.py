@@ -58,6 +58,11 @@ def resolve(
         raise ConfigError(
             f"--cp none: no context parallelism across a CP group of {run.cp_degree} ranks (use --cp-degree 1)"
         )
+    if run.cp == "tp" and (run.weights != "ddp" or run.split_conditioning):
+        # ZeRO and FSDP would treat each rank's weight shards as copies of one parameter
+        what = f"--weights {run.weights}" if run.weights != "ddp" else "--split-conditioning"
+        raise ConfigError(f"--cp tp: its weights are sharded by heads and MLP features, the rest replicated under "
+                          f"DDP; {what} does not combine with it (use --weights ddp, without --split-conditioning)")
     if run.steps < 1 or run.warmup_steps < 0:
         raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
     if run.timeout_s <= 0:
@@ -130,6 +135,10 @@ def resolve(
                 f"separately: pick sizes divisible by {w}, or another {where or '--devices / --cp-degree'})"
             )
     _check_heads(model, run.cp, w, what, f"use a {where or '--cp-degree'}")
+    if run.cp == "tp" and int(model.hidden * model.mlp_ratio) % w:
+        raise ConfigError(f"--model.mlp_ratio {model.mlp_ratio}: the MLP's {int(model.hidden * model.mlp_ratio)} "
+                          f"features are not divisible by {what}, which --cp tp shards (pick a ratio or a W dividing "
+                          "them)")
     _check_ring_kernel(run, data.seq_len, w, what)
     if run.split_conditioning and (2 * model.hidden) % w + (3 * model.hidden) % w:
         raise ConfigError(
@@ -309,6 +318,9 @@ def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
         )
     if run.cp == "none" and (run.devices > 1 or sim):
         raise ConfigError("--cp none: no split to measure or simulate (use --cp torch, allgather-kv or ulysses)")
+    if run.cp == "tp":
+        raise ConfigError("--cp tp: its attention is Ulysses' (this rank's heads, the whole sequence) without the "
+                          "all-to-alls; the op bench has no TP of its own (use --cp ulysses with --ops-only)")
     if run.graph and run.accelerator != "gpu":
         raise ConfigError("--graph: CUDA graphs need a GPU (drop --graph, or use --accelerator gpu)")
     if run.reps is not None and run.reps < 1:

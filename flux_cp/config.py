@@ -19,9 +19,9 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GPU_DEFAULT = CONFIG_DIR / "flux_4608.yaml"
 CPU_DEFAULT = CONFIG_DIR / "tiny.yaml"
 
-CP = Literal["auto", "torch", "allgather-kv", "ulysses", "none"]
-STRATEGIES = ("torch", "allgather-kv", "ulysses", "none")
-HEAD_SHARDING = ("ulysses",)  # strategies that split heads across the CP group
+CP = Literal["auto", "torch", "allgather-kv", "ulysses", "tp", "none"]
+STRATEGIES = ("torch", "allgather-kv", "ulysses", "tp", "none")  # tp: TP + SP, the comparator past CP (flux_cp/tp.py)
+HEAD_SHARDING = ("ulysses", "tp")  # strategies that split heads across the CP group
 
 
 class ConfigError(ValueError):

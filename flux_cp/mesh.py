@@ -73,21 +73,27 @@ def optimizer_numel(opt: torch.optim.Optimizer) -> int:
     return sum(p.numel() for g in local.param_groups for p in g["params"])
 
 
+def _whole(p: nn.Parameter, t: torch.Tensor) -> torch.Tensor:
+    """t (p or its gradient) whole: FSDP's DTensor gathered, a --cp tp shard put together (flux_cp.tp)."""
+    if hasattr(t, "full_tensor"):
+        return t.full_tensor()
+    if hasattr(p, "_tp"):
+        from flux_cp.tp import full_tensor
+
+        return full_tensor(t, p._tp)
+    return t
+
+
 def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter's whole gradient, fp64 on CPU. Collective under FSDP (DTensor grads): call on all ranks."""
+    """Every parameter's whole gradient, fp64 on CPU. Collective under FSDP and --cp tp: call on all ranks."""
     out = {}
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        out[name] = g.detach().double().cpu()
+        out[name] = _whole(p, p.grad).detach().double().cpu()
     return out
 
 
 def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter's whole tensor, fp64 on CPU. Collective under FSDP (DTensor params): call on all ranks."""
-    out = {}
-    for name, p in model.named_parameters():
-        t = p.full_tensor() if hasattr(p, "full_tensor") else p
-        out[name] = t.detach().double().cpu()
-    return out
+    """Every parameter's whole tensor, fp64 on CPU. Collective under FSDP and --cp tp: call on all ranks."""
+    return {name: _whole(p, p).detach().double().cpu() for name, p in model.named_parameters()}

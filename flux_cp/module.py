@@ -18,6 +18,7 @@ from flux_cp.ledger import OpRecorder, ledger_for
 from flux_cp.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.step import FluxStep, build_model
 from flux_cp.timing import StepTimer
+from flux_cp.tp import ignore_in_ddp, shard_model
 
 
 class _Batches:
@@ -62,6 +63,9 @@ class FluxCPModule(L.LightningModule):
         run = self.cfg.run
         device_type = self.trainer.strategy.root_device.type  # the module is still on CPU here
         self.mesh = build_mesh(device_type, run.dp, run.cp_degree)
+        if run.cp == "tp" and self.mesh is not None:  # before Lightning's DDP and the optimizer see the parameters
+            cp = self.mesh["cp"]
+            ignore_in_ddp(self, shard_model(self.model, cp.get_local_rank(), cp.size(), cp.get_group()), "model.")
         if run.weights == "fsdp":  # all dp x cp ranks: Lightning's data_parallel dim (flux_cp.mesh.lightning_strategy)
             shard_weights(self.model, self.device_mesh["data_parallel"])
 

@@ -285,6 +285,10 @@ def make_strategy(name: str, rank: int, world: int, device, sdpa_backend="auto",
                   mesh=None, ulysses_qkv="fused") -> CPStrategy:
     """rank, world: within the CP group, whose 1-D DeviceMesh is `mesh` (flux_cp.mesh.build_mesh(...)["cp"])."""
     kwargs = {"rotate": rotate} if name == "torch" else {"qkv": ulysses_qkv} if name == "ulysses" else {}
+    if name == "tp":  # flux_cp.tp builds on this module
+        from flux_cp.tp import TensorParallel
+
+        return TensorParallel(rank, world, device, sdpa_backend=sdpa_backend, mesh=mesh)
     return STRATEGY_CLASSES[name](rank, world, device, sdpa_backend=sdpa_backend, mesh=mesh, **kwargs)
 
 

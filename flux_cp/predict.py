@@ -154,9 +154,11 @@ def approximate_ledger(d: dict, W: int, optimizer_ms: float | None = None, step_
         local (B, H, S/W, D) each, blocking, each direction (ulysses_overlap's too: an upper bound for it);
       torch ring, allgather rotation: all-gather K, V (blocking) each direction; backward rotates dK, dV
         around the ring (W-1 sends of the local chunk, asynchronous, each consumed one chunk later);
-      torch ring, alltoall rotation: the K, V chunks move by W-1 sends as well, overlapped the same way.
-    Gradients: DDP all-reduces buckets (1 MiB first, then 25 MiB) as the backward produces them (async,
-    consumed at its end);
+      torch ring, alltoall rotation: the K, V chunks move by W-1 sends as well, overlapped the same way;
+      tp: the sequence all-gathered and reduce-scattered (blocking) once a single block, twice a double block
+        (attention and FF; its two streams together the sequence), each direction.
+    Gradients (tp: every parameter counted, an upper bound): DDP all-reduces buckets (1 MiB first, then 25 MiB) as
+    the backward produces them (async, consumed at its end);
     ZeRO-1 (weights zero) then broadcasts each rank's updated share (async, consumed at the step's end).
     """
     cfg = d["config"]
@@ -183,6 +185,10 @@ def approximate_ledger(d: dict, W: int, optimizer_ms: float | None = None, step_
                 t, t_end = t0 + k * dt, t0 + (k + 1) * dt
                 if cp == "allgather-kv":  # K and V in one buffer
                     colls.append(Collective("all_gather" if phase == "fwd" else "reduce_scatter", 2 * bhsd, W, t))
+                elif cp == "tp":  # double blocks first (forward order; the backward's reverse reads alike)
+                    n = 2 if (k if phase == "fwd" else blocks - 1 - k) < int(m.get("double_blocks", 0)) else 1
+                    colls += [Collective("all_gather", bhsd, W, t),
+                              Collective("reduce_scatter", bhsd, W, t + 0.5 * dt)] * n
                 elif cp == "ulysses":
                     qkv = ([Collective("all_to_all", 3 * bhsd / W, W, t)] if run_setting(run, "ulysses_qkv")
                            == "fused" else [Collective("all_to_all", bhsd / W, W, t)] * 3)

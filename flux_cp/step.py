@@ -21,6 +21,7 @@ from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.overlap import overlap_single_blocks
 from flux_cp.parallel import apply_cp, make_strategy, shard, split_conditioning
 from flux_cp.timing import StepTimer
+from flux_cp.tp import apply_tp, rope_tables
 
 
 def init_device(accelerator: str) -> torch.device:
@@ -80,6 +81,10 @@ class FluxStep:
         self.strategy = make_strategy(run.cp, rank, world, device, run.sdpa_backend, run.rotate, mesh=cp_mesh,
                                       ulysses_qkv=run.ulysses_qkv)
         apply_cp(model, self.strategy, timer)
+        if run.cp == "tp":  # its weights were sharded before DDP and the optimizer (flux_cp.tp.shard_model)
+            ids = (text_ids(data.text_tokens).to(device), image_ids(data.image_height, data.image_width).to(device))
+            dtype = torch.promote_types(DTYPES[run.precision], torch.float32)
+            apply_tp(model, self.strategy, timer, rope_tables(model, *ids, world, dtype))
         if run.ulysses_overlap:
             overlap_single_blocks(model, self.strategy)
         if run.split_conditioning:

@@ -144,7 +144,7 @@ BAD = [
     (["--cp", "torch"], "--cp torch:"),
     (["--config", "configs/nope.yaml"], "--config configs/nope.yaml: file not found"),
     (["--model.num_hedz", 3], "num_hedz"),
-    (["--cp", "ring"], "--cp ring: choose one of auto, torch, allgather-kv, ulysses, none"),
+    (["--cp", "ring"], "--cp ring: choose one of auto, torch, allgather-kv, ulysses, tp, none"),
     (["--precision", "fp8"], "--precision fp8: choose one of bf16-true, 32-true, 64-true"),
     (["--steps", "many"], "--steps many: expected an integer"),
     (["--simulate-world", 2, "--devices", 2], "--simulate-world 2: this one process is a rank of the simulated job"),

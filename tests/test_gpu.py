@@ -277,6 +277,22 @@ def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_
     assert {k: v["bytes"] for k, v in g.items()} == {k: v["bytes"] for k, v in e.items()}
 
 
+@pytest.mark.parametrize("compile_", ["false", "true"])
+def test_step_graph_as_a_simulated_tp_rank(tmp_path, compile_):
+    """--cp tp (flux_cp/tp.py: sharded weights, the sequence all-gathered and reduce-scattered around each block's
+    GEMMs, DDP over the replicated weights) as rank 0 of a 4-rank fake-group job under --step-graph, eager and compiled
+    per block by inductor: the run completes and the graph's ledger holds the eager step's bytes."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    args = ("--harness", "bare", "--cp", "tp", "--simulate-world", 4, "--precision", "bf16-true", "--steps", 4,
+            "--warmup-steps", 12, "--compile", compile_)
+    graph = _gpu_run(tmp_path / "graph", *args, "--step-graph", "true")
+    eager = _gpu_run(tmp_path / "eager", *args)
+    assert graph["complete"] and eager["complete"]
+    g, e = graph["comm"]["per_step"], eager["comm"]["per_step"]
+    assert set(e) == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert {k: v["bytes"] for k, v in g.items()} == {k: v["bytes"] for k, v in e.items()}
+
 
 def test_all_to_alls_awaited_apart_replay_in_a_cuda_graph(pg):
     """--ulysses-overlap's all-to-alls (flux_cp/overlap.py: functional collectives issued and awaited in separate

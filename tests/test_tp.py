@@ -1,0 +1,69 @@
+"""--cp tp (flux_cp/tp.py): Megatron-LM's tensor parallelism with sequence parallelism over the CP group, the
+comparator past CP. Real gloo ranks train as the single process over 10 steps in fp64 (losses, first-step gradients
+and final parameters, the sharded weights put together from every rank's shard), in the bare loop at W = 2 and 4 and
+under Lightning; a step sends all-gathers and reduce-scatters of the sequence and the replicated weights' all-reduce,
+no all-to-all; the simulated rank issues what a real rank issues."""
+
+import json
+
+import pytest
+
+from .conftest import TINY, assert_exact, bench, exact_run
+
+# the tiny model: 2 double blocks (8 all-gathers + 8 reduce-scatters a step each: attention and FF, image and text
+# streams, forward and backward) + 2 single blocks (2 + 2 each)
+PER_STEP = 2 * 8 + 2 * 2
+
+
+# compiled per block (aot_eager: dynamo traces the TP forwards and their collectives, CI's minutes spared inductor's)
+COMPILED = ("--compile", "true", "--compile-backend", "aot_eager", "--warmup-steps", 2, "--steps", 8)
+
+
+@pytest.mark.parametrize("devices,harness,extra", [(2, "bare", ()), (4, "bare", ()), (2, "lightning", ()),
+                                                   (2, "bare", COMPILED)],
+                         ids=["w2", "w4", "w2-lightning", "w2-compiled"])
+def test_tp_trains_like_one_process(single_process, tmp_path, devices, harness, extra):
+    got = exact_run(tmp_path, "--devices", devices, "--cp", "tp", "--harness", harness, *extra)
+    d = got["summary"]
+    assert (d["cp"], d["world_size"], d["harness"]) == ("tp", devices, harness)
+    assert_exact(got, single_process(1), rtol=1e-12)
+    sent = d["comm"]["per_step"]
+    assert set(sent) == {"all_gather", "reduce_scatter", "all_reduce"}, sent  # no all-to-all, no broadcast
+    assert sent["all_gather"]["count"] == sent["reduce_scatter"]["count"] == PER_STEP
+    # the dumps: every sharded weight whole again, the same names and shapes as the single process's
+    ref = single_process(1)["params"]
+    assert {k: v.shape for k, v in got["params"].items()} == {k: v.shape for k, v in ref.items()}
+
+
+def test_a_simulated_tp_rank_issues_a_real_ranks_collectives(tmp_path):
+    """Rank 0 of W=2 over torch's fake group (what the H200 suites run) sends what a real gloo rank sends."""
+    runs = {}
+    for name, args in (("real", ("--devices", 2)), ("sim", ("--simulate-world", 2))):
+        r = bench("--config", TINY, "--cp", "tp", "--harness", "bare", "--wandb-mode", "disabled", "--steps", 4,
+                  "--output", tmp_path / name, *args)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert runs["sim"]["collectives"] == "fake"
+    assert runs["sim"]["comm"]["per_step"] == runs["real"]["comm"]["per_step"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--weights", "zero2"), "--cp tp: its weights are sharded by heads and MLP features"),
+    (("--split-conditioning", "true"), "--split-conditioning does not combine with it"),
+    (("--model.num_heads", 6), "--model.num_heads 6 is not divisible by"),
+    (("--model.mlp_ratio", 3.03125), "--model.mlp_ratio 3.03125: the MLP's 194 features are not divisible"),
+    (("--ops-only",), "--cp tp: its attention is Ulysses'"),
+])
+def test_bad_tp_settings_are_one_line(tmp_path, args, message):
+    r = bench("--config", TINY, "--cp", "tp", "--devices", 4, "--wandb-mode", "disabled", "--output", tmp_path / "o",
+              *args)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_tp_with_separate_q_k_v_projections_trains_like_one_process(tmp_path):
+    """Without fused projections (diffusers' to_q, to_k, to_v and add_*_proj, each sharded by heads): W=2 as one
+    process of the same model."""
+    unfused = ("--model.fuse_qkv", "false")
+    ref = exact_run(tmp_path / "one", "--devices", 1, *unfused)
+    got = exact_run(tmp_path / "tp", "--devices", 2, "--cp", "tp", "--harness", "bare", *unfused)
+    assert_exact(got, ref, rtol=1e-12)
