@@ -11,9 +11,10 @@ second); between blocks the tokens stay sharded as under CP (norms, AdaLN modula
 
 A single-stream block gathers once (attention and MLP read one normed input) and reduce-scatters once (proj_out
 sums both); a double-stream block gathers and reduce-scatters around its attention and around its FF, each stream
-on its own. Backward: the adjoints (reduce-scatter, all-gather). No all-to-all; no gradient sync for the sharded
-weights; the replicated ones (embedders, AdaLN modulation linears, norms, output biases: 4% of Flux's 2 + 4 blocks)
-are all-reduced by DDP as under CP.
+on its own. Backward: the adjoints (reduce-scatter, all-gather). The AdaLN modulation linears (26% of the weights,
+reading one (B, D) vector) are sharded by output features, their outputs gathered: kilobytes. No all-to-all; no
+gradient sync for the sharded weights; the replicated ones (embedders, norms, the row-parallel layers' biases: 4%
+of Flux's 2 + 4 blocks) are all-reduced by DDP as under CP.
 
 Gradients: each rank backpropagates its local loss (the mean over its tokens), as under CP. A sharded weight sees
 every rank's tokens (through the all-gather) with every rank's loss (through the reduce-scatter's adjoint): its
@@ -91,6 +92,49 @@ class _Scatter(torch.autograd.Function):
         return out.transpose(0, 1), None, None
 
 
+class _GatherFeatures(torch.autograd.Function):
+    """(B, F/W) -> (B, F), ranks' features in order; backward: reduce-scatter (the sum of the ranks' gradients of
+    this rank's features: each rank's local loss reads all of them)."""
+
+    @staticmethod
+    def forward(ctx, y, group, world):
+        ctx.group, ctx.world = group, world
+        out = y.new_empty((world * y.shape[1], y.shape[0]))
+        _all_gather_single(out, y.t().contiguous(), group=group)
+        return out.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        gs = g.t().contiguous()
+        out = gs.new_empty((gs.shape[0] // ctx.world, gs.shape[1]))
+        _reduce_scatter_single(out, gs, group=ctx.group)
+        return out.t(), None, None
+
+
+class _MeanOfSum(torch.autograd.Function):
+    """Identity forward; backward: the ranks' gradients summed and divided by W. The conditioning vector feeds only
+    sharded modulation linears, so each rank's gradient of it is its features' share of the W local losses' sum:
+    all-reduced it is that sum's, / W the mean loss's, the same on every rank (DDP's average of the replicated
+    embedders' gradients then leaves it so)."""
+
+    @staticmethod
+    def forward(ctx, x, group, world):
+        ctx.group, ctx.world = group, world
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous()
+        dist.all_reduce(g, group=ctx.group)
+        return g / ctx.world, None, None
+
+
+def _modulation(lin: nn.Linear, s: TensorParallel, x):
+    """An AdaLN modulation linear (B, D) -> (B, F) over its sharded output features, gathered (kilobytes)."""
+    return _GatherFeatures.apply(F.linear(_MeanOfSum.apply(x, s.group, s.world), lin.weight, lin.bias), s.group,
+                                 s.world)
+
+
 def _row_parallel(lin: nn.Linear, x, s: TensorParallel):
     """A linear whose input features are this rank's: its partial product reduce-scattered, then the bias."""
     y = _Scatter.apply(F.linear(x, lin.weight), s.group, s.world)
@@ -151,6 +195,8 @@ def shard_model(model, rank: int, world: int, group) -> list[str]:
         _shard(blk.proj_mlp, 0, mlp, rank, world, group)
         # proj_out reads [attention (D), MLP (4D)]: this rank's heads' columns, then its MLP columns
         _shard(blk.proj_out, 1, [torch.cat([h, d + m]) for h, m in zip(heads, mlp)], rank, world, group)
+    for lin in model.conditioning_linears():  # AdaLN: 26% of Flux's weights; their outputs are kilobytes
+        _shard(lin, 0, _blocks(lin.out_features, world), rank, world, group)
     sharded = [(n, p) for n, p in model.named_parameters() if hasattr(p, "_tp")]
     for _, p in sharded:  # the gradient of the W local losses' sum -> of their mean (module docstring)
         p.register_hook(functools.partial(torch.div, other=world))
@@ -243,6 +289,8 @@ def apply_tp(model, strategy: TensorParallel, timer, rope: dict) -> None:
     if strategy.world == 1:
         return
     proc = TPAttnProcessor(strategy, timer, rope)
+    for lin in model.conditioning_linears():
+        lin.forward = functools.partial(_modulation, lin, strategy)
     for blk in model.double_blocks:
         blk.attn.set_processor(proc)
         for ff in (blk.ff, blk.ff_context):

@@ -11,8 +11,10 @@ import pytest
 from .conftest import TINY, assert_exact, bench, exact_run
 
 # the tiny model: 2 double blocks (8 all-gathers + 8 reduce-scatters a step each: attention and FF, image and text
-# streams, forward and backward) + 2 single blocks (2 + 2 each)
-PER_STEP = 2 * 8 + 2 * 2
+# streams, forward and backward) + 2 single blocks (2 + 2 each) + 7 AdaLN modulation linears (each an all-gather of
+# its output forward, a reduce-scatter and an all-reduce backward)
+MODULATION = 2 * 2 + 2 + 1
+PER_STEP = 2 * 8 + 2 * 2 + MODULATION
 
 
 # compiled per block (aot_eager: dynamo traces the TP forwards and their collectives, CI's minutes spared inductor's)
@@ -30,6 +32,7 @@ def test_tp_trains_like_one_process(single_process, tmp_path, devices, harness, 
     sent = d["comm"]["per_step"]
     assert set(sent) == {"all_gather", "reduce_scatter", "all_reduce"}, sent  # no all-to-all, no broadcast
     assert sent["all_gather"]["count"] == sent["reduce_scatter"]["count"] == PER_STEP
+    assert sent["all_reduce"]["count"] > MODULATION  # and DDP's of the replicated weights
     # the dumps: every sharded weight whole again, the same names and shapes as the single process's
     ref = single_process(1)["params"]
     assert {k: v.shape for k, v in got["params"].items()} == {k: v.shape for k, v in ref.items()}
