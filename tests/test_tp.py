@@ -56,6 +56,7 @@ def test_a_simulated_tp_rank_issues_a_real_ranks_collectives(tmp_path):
     (("--model.num_heads", 6), "--model.num_heads 6 is not divisible by"),
     (("--model.mlp_ratio", 3.03125), "--model.mlp_ratio 3.03125: the MLP's 194 features are not divisible"),
     (("--ops-only",), "--cp tp: its attention is Ulysses'"),
+    (("--cp-degree", 2), "--cp-degree 2: --cp tp runs one group over all 4 ranks"),
 ])
 def test_bad_tp_settings_are_one_line(tmp_path, args, message):
     r = bench("--config", TINY, "--cp", "tp", "--devices", 4, "--wandb-mode", "disabled", "--output", tmp_path / "o",
