@@ -257,6 +257,8 @@ class Config:
         """The key's weights (zero and zero2 share DDP's) with what the strategy label adds."""
         if " zero2" in self.strategy:
             return "ZeRO-2 (gradients reduce-scattered, optimizer sharded, no DDP wrapper)"
+        if self.strategy.startswith("tp"):
+            return "sharded by heads and MLP features (TP), the replicated rest under DDP"
         return self.key.get("weights", "ddp") + (" + ZeRO optimizer" if " zero" in self.strategy else "")
 
 
