@@ -36,9 +36,9 @@ class BareTwinCallback(Callback):
         # the same weights as the Lightning model's start (build_model seeds), without moving the run's RNG
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             model = build_model(self.cfg).to(device, DTYPES[run.precision])
-        fwd, opt = wrap_for_training(model, run, device)
-        timer = StepTimer(cuda=device.type == "cuda", enabled=False)  # plain bare steps: no ledger
         cp_mesh = pl_module.mesh["cp"] if pl_module.mesh is not None else None
+        fwd, opt = wrap_for_training(model, run, device, cp_mesh)
+        timer = StepTimer(cuda=device.type == "cuda", enabled=False)  # plain bare steps: no ledger
         self._twin = (fwd, opt, FluxStep(self.cfg, model, device, cp_mesh, timer), timer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

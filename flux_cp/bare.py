@@ -78,9 +78,12 @@ def _init_world(run) -> None:
                                 timeout=datetime.timedelta(seconds=run.timeout_s))
 
 
-def wrap_for_training(model, run, device):
+def wrap_for_training(model, run, device, cp_mesh=None):
     """(what the step calls, the optimizer): DDP with the project's comm hook (as flux_cp.strategies.DDPWithHook),
-    ZeRO's optimizer, or FSDP2 over all ranks (as Lightning's ModelParallelStrategy)."""
+    ZeRO's optimizer, or FSDP2 over all ranks (as Lightning's ModelParallelStrategy). --cp tp: the weights sharded
+    over cp_mesh first (as the LightningModule's configure_model does)."""
+    if run.cp == "tp" and cp_mesh is not None:
+        ignore_in_ddp(model, shard_model(model, cp_mesh.get_local_rank(), cp_mesh.size(), cp_mesh.get_group()))
     if run.weights == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -130,10 +133,7 @@ def _run(cfg: BenchConfig, report) -> int:
     dtype = DTYPES[run.precision]
     model = build_model(cfg).to(device, dtype)  # fp32 init, then the run's precision (Lightning's plugin does the same)
     mesh = build_mesh(device.type, run.dp, run.cp_degree)
-    if run.cp == "tp" and mesh is not None:  # before DDP and the optimizer see the parameters
-        cp = mesh["cp"]
-        ignore_in_ddp(model, shard_model(model, cp.get_local_rank(), cp.size(), cp.get_group()))
-    fwd, opt = wrap_for_training(model, run, device)
+    fwd, opt = wrap_for_training(model, run, device, mesh["cp"] if mesh is not None else None)
     timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=ledger_for(run))  # one event pair per step
     step = FluxStep(cfg, model, device, mesh["cp"] if mesh is not None else None, timer)
     n = run.warmup_steps + run.steps

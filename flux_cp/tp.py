@@ -182,6 +182,8 @@ def shard_model(model, rank: int, world: int, group) -> list[str]:
         _shard(attn.to_add_out, 1, heads, rank, world, group)
         for ff in (blk.ff, blk.ff_context):
             first, last = ff.net[0].proj, ff.net[-1]
+            if not isinstance(last, nn.Linear):  # diffusers' FeedForward with final_dropout: not Flux's
+                raise ValueError(f"--cp tp: a FeedForward ending in {type(last).__name__}, not its output linear")
             mlp = _blocks(first.out_features, world)
             _shard(first, 0, mlp, rank, world, group)
             _shard(last, 1, mlp, rank, world, group)

@@ -71,3 +71,13 @@ def test_tp_with_separate_q_k_v_projections_trains_like_one_process(tmp_path):
     ref = exact_run(tmp_path / "one", "--devices", 1, *unfused)
     got = exact_run(tmp_path / "tp", "--devices", 2, "--cp", "tp", "--harness", "bare", *unfused)
     assert_exact(got, ref, rtol=1e-12)
+
+
+def test_a_lightning_tp_runs_bare_twin_is_sharded_too(tmp_path):
+    """--interleave-bare builds a second model for its bare twin (callbacks/twin.py): wrap_for_training shards it
+    as the LightningModule's configure_model shards the first, so both step (rank 0 of a fake group of 2)."""
+    r = bench("--config", TINY, "--cp", "tp", "--simulate-world", 2, "--interleave-bare", 2, "--steps", 8,
+              "--wandb-mode", "disabled", "--output", tmp_path / "o")
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert d["complete"] and d["interleaved_bare"]["steps"] == 4
