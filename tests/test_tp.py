@@ -73,11 +73,33 @@ def test_tp_with_separate_q_k_v_projections_trains_like_one_process(tmp_path):
     assert_exact(got, ref, rtol=1e-12)
 
 
-def test_a_lightning_tp_runs_bare_twin_is_sharded_too(tmp_path):
-    """--interleave-bare builds a second model for its bare twin (callbacks/twin.py): wrap_for_training shards it
-    as the LightningModule's configure_model shards the first, so both step (rank 0 of a fake group of 2)."""
-    r = bench("--config", TINY, "--cp", "tp", "--simulate-world", 2, "--interleave-bare", 2, "--steps", 8,
-              "--wandb-mode", "disabled", "--output", tmp_path / "o")
-    assert r.returncode == 0, r.stderr[-2000:]
-    d = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert d["complete"] and d["interleaved_bare"]["steps"] == 4
+def test_the_bare_loops_wrap_shards_the_weights_for_ddp(tmp_path):
+    """flux_cp.bare.wrap_for_training (the bare loop's, and the Lightning run's bare twin's, which builds a model of
+    its own: callbacks/twin.py) shards a --cp tp model over the CP mesh before DDP wraps it, and DDP holds only the
+    replicated weights. Rank 0 of a fake group of 2."""
+    import torch
+
+    from flux_cp.bare import wrap_for_training
+    from flux_cp.config import parse_config
+    from flux_cp.mesh import build_mesh
+    from flux_cp.simulate import init_fake_world
+    from flux_cp.step import build_model
+
+    cfg = parse_config(["--config", str(TINY), "--cp", "tp", "--simulate-world", "2", "--harness", "bare"],
+                       cuda_available=False)
+    init_fake_world(2)
+    try:
+        model = build_model(cfg)
+        mesh = build_mesh("cpu", 1, 2)
+        ddp, _ = wrap_for_training(model, cfg.run, torch.device("cpu"), mesh["cp"])
+        d = cfg.model.hidden
+        assert model.single_blocks[0].attn.to_qkv.weight.shape == (3 * d // 2, d)  # this rank's heads' rows
+        assert model.single_blocks[0].proj_out.weight.shape == (d, (d + int(d * cfg.model.mlp_ratio)) // 2)
+        ignored = ddp.parameters_to_ignore
+        named = dict(ddp.module.named_parameters())
+        assert ignored and all(hasattr(named[n], "_tp") for n in ignored)  # DDP leaves every shard alone
+        assert not any(hasattr(p, "_tp") for n, p in named.items() if n not in ignored)
+    finally:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
