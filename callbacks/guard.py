@@ -1,7 +1,7 @@
 """GuardCallback: keeps a run's failure bounded and recorded.
 
-- tells the stall watchdog (flux_cp.failures.Watchdog) at every step boundary that steps progress, and
-  where this rank's heartbeat goes (the run's folder: which rank stalled or died, flux_cp.failures.culprit);
+- tells the stall watchdog (flux_cp.runs.failures.Watchdog) at every step boundary that steps progress, and
+  where this rank's heartbeat goes (the run's folder: which rank stalled or died, flux_cp.runs.failures.culprit);
 - turns SIGTERM into a `Terminated` (a KeyboardInterrupt) in the main thread, so that it takes
   Lightning's Ctrl-C path: on_exception (summary.json flushed, `complete: false`), then the other
   ranks are killed. Lightning's own SIGTERM handler is replaced: it broadcasts inside the signal
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
-from flux_cp.failures import HEARTBEAT, Terminated, Watchdog
+from flux_cp.runs.failures import HEARTBEAT, Terminated, Watchdog
 
 
 def _raise_terminated(signum, frame):

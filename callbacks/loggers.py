@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
-from flux_cp.outputs import wandb_settings
+from flux_cp.runs.outputs import wandb_settings
 
 
 class ResilientWandbLogger(WandbLogger):

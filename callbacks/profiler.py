@@ -1,5 +1,5 @@
 """KernelProfileCallback: torch.profiler over the first measured steps, a Chrome trace per rank,
-and the kernel breakdown (flux_cp.profiling) in summary.json next to the callback's own figures.
+and the kernel breakdown (flux_cp.measure.profiling) in summary.json next to the callback's own figures.
 
 It runs after OpTimingCallback in the callback list: that callback reads profiled steps at their
 end (not one step late, as measured steps), so both describe the same steps.
@@ -14,7 +14,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from callbacks.timing import OpTimingCallback
-from flux_cp.profiling import REGIONS, breakdown, load_trace
+from flux_cp.measure.profiling import REGIONS, breakdown, load_trace
 
 
 class KernelProfileCallback(Callback):

@@ -5,7 +5,7 @@ step that should be device bound shows idle time. torch's sync debug mode warns 
 synchronizing CUDA call (stream or device synchronize, a blocking copy, `.item()`, `nonzero`, ...).
 From the first measured step to the end of training this callback counts those warnings by call site
 (the innermost frames of the Python stack). The timing callback's wait on a finished step's last event
-is on purpose and left out (flux_cp.timing.sync_allowed); its loss read is not (it must not wait).
+is on purpose and left out (flux_cp.measure.timing.sync_allowed); its loss read is not (it must not wait).
 Result: summary.json `syncs`.
 """
 

@@ -2,7 +2,7 @@
 
 Per step it opens the module's StepTimer before the step and closes it after (optimizer
 included). Between steps it does nothing else: every step's events (and its loss, copied to the host
-asynchronously right after it) are read after the loop, as the bare loop (flux_cp/bare.py) reads
+asynchronously right after it) are read after the loop, as the bare loop (flux_cp/train/bare.py) reads
 its own. Where the host issues a step about as fast as the device runs it (CP at W >= 2), whatever the
 host does between steps is step time: on an H200 the former reads of finished steps inside the loop
 (events, the ledger's collectives, the logger, summary.json rewrites) took 1.5-12 ms a step
@@ -15,7 +15,7 @@ Warm-up steps are run and their loss kept, but their timings stay out of the sta
 profiled steps (--profile: extra steps right after warm-up, slowed by the profiler itself).
 
 Each measured step has a kind (`step_kind`), the same on every rank. The step's own figures come from
-steps that carry nothing the bare loop (flux_cp/bare.py) does not: at W >= 2 the host issues a step about
+steps that carry nothing the bare loop (flux_cp/train/bare.py) does not: at W >= 2 the host issues a step about
 as fast as the device runs it, and on an H200 op regions every step and a probe every 4th made the Lightning
 step 8-24% longer than its bare twin at W = 4 and 8 (docs/results/2026-12-03-h200-regimes.md).
 - "plain": no regions -> step_ms, host_ms, and the loop's
@@ -28,7 +28,7 @@ step 8-24% longer than its bare twin at W = 4 and 8 (docs/results/2026-12-03-h20
   host_ms + after_ms and the next step's data_ms + transfer_ms + prologue_ms: the host's whole period;
   gc_ms is the part of that period Python's garbage collector took (wherever it struck);
 - "timed" (every --regions-every'th measured step, with --timing or the ledger): op regions on -> sdpa_*/qkv_gemm_*,
-  the ledger records the step's collectives (flux_cp/ledger.py: its kernels are registered in these steps only),
+  the ledger records the step's collectives (flux_cp/measure/ledger.py: its kernels are registered in these steps only),
   and the step itself as step_timed_ms / host_timed_ms / loop_timed_ms (timing_overhead_pct: the instruments' cost,
   in one process); with --regions-every 1 every step is timed and gives step_ms;
 - "probe" (CUDA, every --idle-probe-every'th step): the host runs ahead of the device ->
@@ -51,10 +51,10 @@ from pathlib import Path
 import torch.distributed as dist
 from lightning.pytorch import Callback
 
-from flux_cp.failures import error_kind, error_line, error_trace
-from flux_cp.results import RunSummary, gather_row, host_op_us, peak_memory, reset_peak_memory, run_start_time
-from flux_cp.simulate import is_fake
-from flux_cp.timing import GcClock, instrumented, spin_cycles_per_ms, sync_allowed, timed_names
+from flux_cp.measure.timing import GcClock, instrumented, spin_cycles_per_ms, sync_allowed, timed_names
+from flux_cp.parallel.fake_group import is_fake
+from flux_cp.runs.failures import error_kind, error_line, error_trace
+from flux_cp.runs.results import RunSummary, gather_row, host_op_us, peak_memory, reset_peak_memory, run_start_time
 
 # The parts of a step's loop period (loop_ms) kept in its step record; see the module docstring.
 LOOP_PARTS = ("data_ms", "transfer_ms", "prologue_ms", "after_ms", "gc_ms")

@@ -153,7 +153,7 @@ def resolve(
 
 
 def _check_step_graph(run: RunConfig) -> None:
-    """--step-graph: what one CUDA graph of the whole step can hold (flux_cp/graphs.py)."""
+    """--step-graph: what one CUDA graph of the whole step can hold (flux_cp/train/step_graph.py)."""
     why = None
     if run.accelerator != "gpu":
         why = "CUDA graphs need a GPU (drop --step-graph on CPU)"

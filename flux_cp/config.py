@@ -20,7 +20,7 @@ GPU_DEFAULT = CONFIG_DIR / "flux_4608.yaml"
 CPU_DEFAULT = CONFIG_DIR / "tiny.yaml"
 
 CP = Literal["auto", "torch", "allgather-kv", "ulysses", "tp", "none"]
-STRATEGIES = ("torch", "allgather-kv", "ulysses", "tp", "none")  # tp: TP + SP, the comparator past CP (flux_cp/tp.py)
+STRATEGIES = ("torch", "allgather-kv", "ulysses", "tp", "none")  # tp: TP + SP, the comparator past CP (parallel/tp.py)
 HEAD_SHARDING = ("ulysses", "tp")  # strategies that split heads across the CP group
 
 
@@ -78,7 +78,7 @@ class RunConfig:
     num_nodes: int = 1  # Lightning's cluster environments (torchrun, SLURM, NODE_RANK + MASTER_ADDR) join them
     cp_degree: int | None = None  # ranks per CP group; default: all of them (pure CP). dp = ranks / cp_degree
     # replicated + all-reduce; the same with AdamW state sharded (ZeRO-1); gradients reduce-scattered and AdamW
-    # sharded in flat buckets, parameters all-gathered (ZeRO-2, flux_cp/zero2.py); or FSDP2 sharded; over all dp x cp
+    # sharded in flat buckets, parameters all-gathered (ZeRO-2, parallel/zero2.py); or FSDP2 sharded; over all dp x cp
     weights: Literal["ddp", "zero", "zero2", "fsdp"] = "ddp"  # DDP_WEIGHTS run under a DDP wrapper, the others not
     # --weights zero: parameters as views of one flat buffer per rank (ZeroRedundancyOptimizer's
     # parameters_as_bucket_view): after the step each rank broadcasts its buffer, W broadcasts instead of one per
@@ -102,7 +102,8 @@ class RunConfig:
     # 2026-12-04 20:00 UTC, whose summaries lack the setting)
     ulysses_qkv: Literal["fused", "separate"] = "fused"
     # ulysses: in the single-stream blocks the all-to-alls run under the MLP branch's GEMMs, which never read the
-    # attention (issued, then awaited after them, forward and backward: flux_cp/overlap.py), instead of stalling it
+    # attention (issued, then awaited after them, forward and backward: parallel/ulysses_overlap.py),
+    # instead of stalling it
     ulysses_overlap: bool = False
     sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"  # SDPA kernel (auto: torch's pick)
     precision: Literal["bf16-true", "32-true", "64-true"] = "bf16-true"  # weights, activations and batches
@@ -122,14 +123,14 @@ class RunConfig:
     # > 0 (Lightning harness): a bare twin of the model trains N bare steps after every N measured Lightning steps in
     # this process, so both harnesses' steps see the same host within seconds (callbacks/twin.py)
     interleave_bare: int = 0
-    # an emulated slower host: this process pinned to one core shared with K - 1 busy loops (flux_cp/hostload.py)
+    # an emulated slower host: this process pinned to one core shared with K - 1 busy loops (measure/host_load.py)
     host_slowdown: int = 1
     output: str | None = None  # run folder; default: a new runs/<run_name>/<time> (runs/<run_name>/latest points at it)
     overwrite: bool = False  # let --output replace the complete run it holds
     group: str = "adhoc"  # sweep id: one wandb dashboard per group
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"  # wandb run in <output>/wandb; online: synced
     timing: bool = True  # op regions (QKV GEMM, SDPA) inside the step
-    # every collective of the instrumented steps recorded (flux_cp/ledger.py: ~20-40 us of host per collective, in
+    # every collective of the instrumented steps recorded (measure/ledger.py: ~20-40 us of host per collective, in
     # those steps only); false: none recorded, the report prices the collectives derived from the shapes instead
     ledger: bool = True
     # the instruments (op regions, the ledger) on every Nth measured step (1: all), in both harnesses: the others give
@@ -147,13 +148,13 @@ class RunConfig:
     # per pass under reduce-overhead), fewer host launches where the per-rank step is short
     compile_scope: Literal["blocks", "model"] = "blocks"
     # CUDA: the whole step (forward, backward, gradient sync, optimizer) captured in one CUDA graph at the last warm-up
-    # step and replayed after it (flux_cp/graphs.py): the host issues a step in a few launches
+    # step and replayed after it (flux_cp/train/step_graph.py): the host issues a step in a few launches
     step_graph: bool = False
     # the AdaLN modulation linears (conditioning vector -> shifts, scales, gates: a cost that does not shrink with
-    # the tokens a rank holds) split over the CP group by output features, one all-gather each (flux_cp.parallel)
+    # the tokens a rank holds) split over the CP group by output features, one all-gather each (flux_cp.parallel.cp)
     split_conditioning: bool = False
     # W >= 2: this process is rank --simulate-rank of a W-rank job over torch's fake process group
-    # (flux_cp/simulate.py): the real code with a rank's shapes, collectives moving nothing; --ops-only takes a list
+    # (parallel/fake_group.py): the real code with a rank's shapes, collectives moving nothing; --ops-only takes a list
     simulate_world: int | list[int] | str | None = None
     simulate_rank: int = 0  # which rank of the simulated job this process is
     sync_debug: bool = False  # CUDA: count the loop's synchronizing calls by call site (torch's sync debug mode)

@@ -2,7 +2,7 @@
 
 It mirrors diffusers' FluxTransformer2DModel (no guidance embedding), minus everything that is
 not the training step: a reader can hold it in one sitting. Context parallelism is applied from
-outside (flux_cp.parallel installs an attention processor); the model only sees the tokens it is
+outside (flux_cp.parallel.cp installs an attention processor); the model only sees the tokens it is
 given, so a CP rank passes its local image and text tokens with their own RoPE angles.
 
 Shapes: B batch, Si image tokens, St text tokens, S = St + Si, C latent channels, D hidden.

@@ -5,7 +5,7 @@ What each rank computes per call (B batch, H heads, S total tokens, D head_dim, 
     sdpa:      q, k, v (B, H, S/W, D) through strategy.attention (its collectives included)
     qkv_gemm:  (B * S/W, h) x (h, 3h) + bias, as diffusers' fused to_qkv; bwd = dX and dW GEMMs
 With --simulate-world W[,W...] one process is rank 0 of each W-rank job in turn, over torch's fake process group
-(flux_cp/simulate.py): the real strategy runs (torch's ring with its W chunks and merges, Ulysses' all-to-all
+(flux_cp/parallel/fake_group.py): the real strategy runs (torch's ring with its W chunks and merges, Ulysses' all-to-all
 layouts, allgather-kv's gather), its collectives moving nothing: rows say `simulated: true`.
 
 Timing ("corrected"): warm-up, then up to `reps` calls, each between two CUDA events (device time) and
@@ -37,10 +37,11 @@ import torch.nn.functional as F
 
 from flux_cp.config import BenchConfig, run_name
 from flux_cp.data import DTYPES
-from flux_cp.outputs import wandb_settings
-from flux_cp.parallel import CPStrategy, make_strategy
-from flux_cp.results import env_info, stats, write_json_atomic
-from flux_cp.timing import hold_stream
+from flux_cp.measure.timing import hold_stream
+from flux_cp.parallel.cp import CPStrategy
+from flux_cp.parallel.registry import make_strategy
+from flux_cp.runs.outputs import wandb_settings
+from flux_cp.runs.results import env_info, stats, write_json_atomic
 
 OPS = ("sdpa_fwd", "sdpa_bwd", "qkv_gemm_fwd", "qkv_gemm_bwd")
 BUDGET_MS = 1000.0  # GPU: timed calls per op stop near this much device time ...
@@ -324,7 +325,7 @@ class OpBench:
 
     def _simulate(self, world: int):
         """Become rank 0 of a `world`-rank job over the fake group, with the run's real strategy."""
-        from flux_cp.simulate import init_fake_world
+        from flux_cp.parallel.fake_group import init_fake_world
 
         run = self.cfg.run
         init_fake_world(world, 0)
@@ -428,7 +429,7 @@ def print_table(d: dict, path: Path) -> None:
     for note in d["notes"]:
         console.print(f"note: {note}", soft_wrap=True)
     console.print(f"summary: {path}", soft_wrap=True)
-    from flux_cp.verdict import ops_verdict
+    from flux_cp.runs.verdict import ops_verdict
 
     roots = [r for r in dict.fromkeys([Path("runs"), path.parent.parent]) if r.is_dir()]
     for line in ops_verdict(d, roots):

@@ -15,7 +15,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from flux_cp import links  # noqa: E402
+from flux_cp.predict import links  # noqa: E402
 from flux_cp.report import (  # noqa: E402
     ReportError,
     build,
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="output folder (default RUNS_DIR/report)")
     p.add_argument("--link", default="h200-nvlink4",
                    help="link profile for GPU runs: a configs/links name or a YAML (default h200-nvlink4)")
-    p.add_argument("--cpu-link", default=None, help="link profile for CPU runs (scripts/measure_links.py writes one); "
+    p.add_argument("--cpu-link", default=None, help="link profile for CPU runs (tools/measure_links.py writes one); "
                    "without it CPU runs' communication is not priced. With {W} in a path (--link too): one profile "
                    "per group size, the nearest measured W for the others")
     p.add_argument("--link-gbps", type=float, default=None,

@@ -1,4 +1,4 @@
-"""Run a sweep of train_bench runs from a YAML grid (flux_cp/sweep.py has the format).
+"""Run a sweep of train_bench runs from a YAML grid (flux_cp/runs/sweep.py has the format).
 
     python scripts/sweep.py configs/sweep_cpu.yaml                 # -> sweeps/cpu-small/{sweep.json,<run>/...}
     python scripts/sweep.py configs/sweep_flux.yaml --dry-run --gpus 8   # check and list, run nothing
@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from flux_cp import compile_cache  # noqa: E402
 from flux_cp.config import ConfigError  # noqa: E402
-from flux_cp.failures import EXIT_CONFIG, EXIT_INTERRUPTED  # noqa: E402
+from flux_cp.runs.failures import EXIT_CONFIG, EXIT_INTERRUPTED  # noqa: E402
+from flux_cp.train import compile_cache  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
-    from flux_cp.sweep import Runner, load_sweep
+    from flux_cp.runs.sweep import Runner, load_sweep
 
     console = Console(stderr=True)
     cuda = torch.cuda.is_available() if a.gpus is None else a.gpus > 0
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                   "or keep to --devices 1 (--simulate-world for more ranks)", file=sys.stderr)
             return EXIT_CONFIG
         main_fn = _with_compile_cache(_train_bench_main())
-        if line := compile_cache.load():  # compiled kernels of an earlier call (flux_cp/compile_cache.py)
+        if line := compile_cache.load():  # compiled kernels of an earlier call (flux_cp/train/compile_cache.py)
             console.print(line, highlight=False, soft_wrap=True)
     bad = 0
     for sweep in sweeps:

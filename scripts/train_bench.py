@@ -6,7 +6,7 @@
     python scripts/train_bench.py --ops-only --seq-lens 4608,100000 --simulate-world 2,4,8 --seed-compat
 
 Writes <output>/summary.json (default output: a new runs/<run_name>/<time>; an --output holding a complete run
-needs --overwrite, flux_cp/outputs.py) and, unless --wandb-mode disabled, an offline wandb run under
+needs --overwrite, flux_cp/runs/outputs.py) and, unless --wandb-mode disabled, an offline wandb run under
 <output>/wandb (sync it with `wandb sync`).
 """
 
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from flux_cp.checks import resolve  # noqa: E402
 from flux_cp.config import ConfigError, parse_config, run_name  # noqa: E402
-from flux_cp.outputs import run_dir  # noqa: E402
+from flux_cp.runs.outputs import run_dir  # noqa: E402
 
 
 def is_launcher_process() -> bool:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         given = sys.argv[1:] if argv is None else argv
         cfg = parse_config(given, cuda_available=torch.cuda.is_available())
         cfg = resolve(cfg, cuda_available=torch.cuda.is_available(), gpu_count=torch.cuda.device_count())
-        # global rank 0's process claims the run folder before any other rank starts (flux_cp/outputs.py)
+        # global rank 0's process claims the run folder before any other rank starts (flux_cp/runs/outputs.py)
         claimer = is_launcher_process() and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
         mode = "ops" if cfg.run.ops_only else "train"
         cfg.run.output = run_dir(cfg.run.output, run_name(cfg, mode), cfg.run.overwrite, claimer)
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if is_launcher_process() and not any(a == "--config" or a.startswith("--config=") for a in given):
         where = "a GPU is visible" if cfg.run.accelerator == "gpu" else "no GPU found: a tiny CPU config"
         print(f"train_bench.py: {where}, using {cfg.config_file} (choose with --config)", file=sys.stderr)
-    from flux_cp.hostload import slowed_host
+    from flux_cp.measure.host_load import slowed_host
 
     with slowed_host(cfg.run.host_slowdown):
         return _run(cfg, given)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(cfg, given: list[str]) -> int:
     if cfg.run.harness == "bare":  # no Lightning imported: its start-up is not the bare loop's
-        from flux_cp.bare import run_bare
+        from flux_cp.train.bare import run_bare
 
         return run_bare(cfg, [sys.executable, str(Path(__file__).resolve()), *given], report=print_summary)
     import logging
@@ -101,7 +101,8 @@ def train(cfg) -> int:
         StepProgressBar,
         SyncDebugCallback,
     )
-    from flux_cp.failures import (
+    from flux_cp.model import num_params
+    from flux_cp.runs.failures import (
         EXIT_CODES,
         HEARTBEAT,
         Watchdog,
@@ -111,10 +112,9 @@ def train(cfg) -> int:
         kill_tree,
         out_of_space,
     )
-    from flux_cp.model import num_params
-    from flux_cp.module import FluxCPModule
-    from flux_cp.results import ERROR_FILE_PREFIX, read_errors, train_header, wall_split, write_json_atomic
-    from flux_cp.strategies import lightning_precision, lightning_strategy
+    from flux_cp.runs.results import ERROR_FILE_PREFIX, read_errors, train_header, wall_split, write_json_atomic
+    from flux_cp.train.module import FluxCPModule
+    from flux_cp.train.strategies import lightning_precision, lightning_strategy
 
     run = cfg.run
     name = run_name(cfg)
@@ -127,8 +127,8 @@ def train(cfg) -> int:
     module = FluxCPModule(cfg)
     plugins = []
     if run.simulate_world:  # this process is one rank of a W-rank job over torch's fake process group
-        from flux_cp.simulate import init_fake_world
-        from flux_cp.strategies import SimulatedEnvironment
+        from flux_cp.parallel.fake_group import init_fake_world
+        from flux_cp.train.strategies import SimulatedEnvironment
 
         init_fake_world(run.simulate_world, run.simulate_rank)
         plugins.append(SimulatedEnvironment(run.simulate_world, run.simulate_rank))
@@ -285,7 +285,7 @@ def print_summary(d: dict, path: Path) -> None:
         console.print(f"loss: first {d['loss'][0]:.6f}  last {d['loss'][-1]:.6f}", soft_wrap=True)
     console.print(f"summary: {path}", soft_wrap=True)
     if d["mode"] == "train" and "step_ms" in d["metrics"]:
-        from flux_cp.verdict import verdict
+        from flux_cp.runs.verdict import verdict
 
         roots = [r for r in dict.fromkeys([Path("runs"), path.parent.parent]) if r.is_dir()]
         for line in verdict(d, path.parent, roots):

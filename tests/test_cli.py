@@ -8,8 +8,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flux_cp.outputs import LOCK, RUN_DIR_ENV, claim
-from flux_cp.results import TRAIN_METRICS, validate
+from flux_cp.runs.outputs import LOCK, RUN_DIR_ENV, claim
+from flux_cp.runs.results import TRAIN_METRICS, validate
 
 from .conftest import TINY, bench, main_in_process, train_bench
 
@@ -314,7 +314,7 @@ def test_docs_links_resolve_inside_the_repo():
 
 
 def test_gpu_session_without_a_gpu_fails_fast_and_leaves_nothing(tmp_path):
-    """scripts/gpu_session.sh on a machine with no GPU: one line, a non-zero exit, no process left behind."""
+    """tools/gpu_session.sh on a machine with no GPU: one line, a non-zero exit, no process left behind."""
     import subprocess
 
     from .conftest import ROOT, leftover_processes
@@ -355,7 +355,7 @@ def test_slowed_host_runs_its_spinners_on_the_pinned_core_and_restores_affinity(
 
     import psutil
 
-    from flux_cp.hostload import slowed_host
+    from flux_cp.measure.host_load import slowed_host
 
     before = os.sched_getaffinity(0)
     me = psutil.Process()

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from callbacks.faults import SLEEPING
-from flux_cp.failures import EXIT_INTERRUPTED, EXIT_TIMEOUT
+from flux_cp.runs.failures import EXIT_INTERRUPTED, EXIT_TIMEOUT
 
 from .conftest import ROOT, SCRIPT, bench, free_port, leftover_processes
 
@@ -133,7 +133,7 @@ def test_a_full_disk_is_said_and_leaves_no_temp_files(tmp_path):
 def test_a_long_error_line_keeps_its_end():
     """torch.compile puts the user frames after the message, the innermost (where it failed) last: a long error's
     one line keeps its start and its end (an H200 run's line had lost the frame that failed)."""
-    from flux_cp.failures import error_line
+    from flux_cp.runs.failures import error_line
 
     e = AssertionError("\n\nfrom user code:\n" + "  File x.py, line 1, in f\n" * 60 + "  File last.py, line 9, in g")
     line = error_line(e)

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from flux_cp.config import DataConfig, ModelConfig
 from flux_cp.data import make_batch
 from flux_cp.model import FluxDiT, image_ids, text_ids
-from flux_cp.parallel import apply_cp, make_strategy
+from flux_cp.parallel.cp import apply_cp
+from flux_cp.parallel.registry import make_strategy
 
 from .conftest import TINY, bench, free_port
 
@@ -71,7 +72,7 @@ def test_sync_debug_names_the_call_site(tmp_path):
         pytest.skip("needs CUDA")
     from callbacks.syncs import SyncDebugCallback
     from callbacks.timing import OpTimingCallback
-    from flux_cp.timing import sync_allowed
+    from flux_cp.measure.timing import sync_allowed
 
     x = torch.ones(3, device="cuda")
     with warnings.catch_warnings(record=True) as seen:  # torch's own mechanism, as this torch has it
@@ -198,7 +199,7 @@ def test_timer_reads_a_running_step_only_by_waiting():
     finished unless told to wait (after the loop), and counts that wait."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from flux_cp.timing import StepTimer, hold_stream
+    from flux_cp.measure.timing import StepTimer, hold_stream
 
     t = StepTimer(cuda=True, enabled=False)
     t.start_step(regions=False)
@@ -241,7 +242,7 @@ def test_step_graph_trains_as_the_eager_step(tmp_path, harness, cp, extra):
     as the eager step does, fp32: with no process group (cp none), and with torch's ring at world size 1 over a
     real NCCL group of one (DDP's reducer and its bucket all-reduce captured, AdamW's step count on the device),
     its gradients DDP's bucket views (--grad-bucket-view: zeroed in place, outside the graph's pool), and under
-    ZeRO-2 (flux_cp/zero2.py: each bucket's reduce-scatter, update and gather on a side stream inside the graph;
+    ZeRO-2 (parallel/zero2.py: each bucket's reduce-scatter, update and gather on a side stream inside the graph;
     or the gathers under the next forward, each block waiting for its buckets' event, the last step's flushed)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
@@ -280,7 +281,7 @@ def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_
 
 @pytest.mark.parametrize("compile_", ["false", "true"])
 def test_step_graph_as_a_simulated_tp_rank(tmp_path, compile_):
-    """--cp tp (flux_cp/tp.py: sharded weights, the sequence all-gathered and reduce-scattered around each block's
+    """--cp tp (parallel/tp.py: sharded weights, the sequence all-gathered and reduce-scattered around each block's
     GEMMs, DDP over the replicated weights) as rank 0 of a 4-rank fake-group job under --step-graph, eager and compiled
     per block by inductor: the run completes and the graph's ledger holds the eager step's bytes."""
     if not torch.cuda.is_available():
@@ -296,10 +297,11 @@ def test_step_graph_as_a_simulated_tp_rank(tmp_path, compile_):
 
 
 def test_all_to_alls_awaited_apart_replay_in_a_cuda_graph(pg):
-    """--ulysses-overlap's all-to-alls (flux_cp/overlap.py: functional collectives issued and awaited in separate
-    autograd nodes, a GEMM between) over a real NCCL group of one, forward and backward captured in one CUDA graph:
+    """--ulysses-overlap's all-to-alls (parallel/ulysses_overlap.py: functional collectives issued and awaited in
+    separate autograd nodes, a GEMM between) over a real NCCL group of one, forward and backward captured in one CUDA
+    graph:
     the replay gives the eager loss and gradients. (Runs of W >= 2 here use the fake group: this is NCCL's path.)"""
-    from flux_cp.overlap import _Await, _Issue
+    from flux_cp.parallel.ulysses_overlap import _Await, _Issue
 
     dev, name = torch.device("cuda", 0), dist.group.WORLD.group_name
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from flux_cp.results import steadiness, validate
+from flux_cp.runs.results import steadiness, validate
 
 from .conftest import EXACT, EXACT_STEPS, TINY, assert_exact, bench, load_exact
 
@@ -140,7 +140,7 @@ def test_simulated_bare_and_lightning_record_the_same_ledger(tmp_path):
 def test_ledger_off_records_nothing_and_the_report_prices_the_shapes(tmp_path):
     """--ledger false (to measure the ledger's own host cost): no collective is recorded in either harness, and the
     report still prices the step's communication, from the collectives the shapes imply."""
-    from flux_cp import links
+    from flux_cp.predict import links
     from flux_cp.report import build
 
     common = ("--config", TINY, "--warmup-steps", 1, "--steps", 2, "--cp", "ulysses", "--weights", "zero",

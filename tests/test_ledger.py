@@ -1,18 +1,18 @@
 """The ledger's dispatcher kernels are registered only while a step records: collectives between recording steps
 go straight to the backend (at W >= 2 the host sets the step's pace; a registered kernel costs a Python call per
-collective whether it records or not: scripts/ledger_cost.py)."""
+collective whether it records or not: tools/ledger_cost.py)."""
 
 import torch
 import torch.distributed as dist
 
-from flux_cp.ledger import CommLedger
-from flux_cp.simulate import init_fake_world
-from flux_cp.timing import StepTimer
+from flux_cp.measure.ledger import CommLedger
+from flux_cp.measure.timing import StepTimer
+from flux_cp.parallel.fake_group import init_fake_world
 
 
 def _ours(op: str) -> bool:
-    """Whether the op's BackendSelect kernel is the ledger's (registered from flux_cp/ledger.py)."""
-    return any("BackendSelect" in line and "flux_cp/ledger.py" in line
+    """Whether the op's BackendSelect kernel is the ledger's (registered from flux_cp/measure/ledger.py)."""
+    return any("BackendSelect" in line and "flux_cp/measure/ledger.py" in line
                for line in torch._C._dispatch_dump(op).splitlines())
 
 
@@ -66,10 +66,10 @@ def test_compiling_while_recording_runs_no_collective_on_fake_tensors():
     include set; the ledger's kernel redispatched by the tensor's own keys alone and so ran the backend's kernel on
     fake tensors: on the fake group each left work registered that no wait cleared (--ulysses-overlap, compiled:
     "unwaited collective calls" at exit), on NCCL it would launch collectives on no data. Traced here: all-to-alls
-    issued and awaited apart (flux_cp/overlap.py), forward and backward, while a step records."""
+    issued and awaited apart (flux_cp/parallel/ulysses_overlap.py), forward and backward, while a step records."""
     import torch._C._distributed_c10d as c10d
 
-    from flux_cp.overlap import _Await, _Issue
+    from flux_cp.parallel.ulysses_overlap import _Await, _Issue
 
     init_fake_world(2, 0)
     try:

@@ -1,11 +1,11 @@
-"""scripts/measure_links.py on 2 gloo processes writes a profile that links.load reads back (a few seconds)."""
+"""tools/measure_links.py on 2 gloo processes writes a profile that links.load reads back (a few seconds)."""
 
 import subprocess
 import sys
 
 import yaml
 
-from flux_cp.links import load
+from flux_cp.predict.links import load
 
 from .conftest import ROOT
 
@@ -23,4 +23,4 @@ def test_measure_links_gloo_writes_a_valid_profile(tmp_path):
         assert k.latency_us >= 0 and k.busbw_gbps > 0 and "measured" in k.source
         assert len(prof.extra["times_ms"][kind]) == len(prof.extra["sizes_bytes"]) == 4  # 1 KB, 8 KB, 64 KB, 512 KB
     assert prof.price_ms("all_reduce", 2**20, 2) > 0
-    assert yaml.safe_load(out.read_text())["command"].startswith("python scripts/measure_links.py")
+    assert yaml.safe_load(out.read_text())["command"].startswith("python tools/measure_links.py")

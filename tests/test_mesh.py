@@ -141,8 +141,8 @@ def test_grad_bucket_view_keeps_gradients_in_ddps_buckets(tmp_path, weights):
     gradient into a bucket or back; without it each gradient has its own storage. A real gloo group of one."""
     import torch.distributed as dist
 
-    from flux_cp.bare import wrap_for_training
     from flux_cp.config import RunConfig
+    from flux_cp.train.bare import wrap_for_training
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
@@ -212,7 +212,7 @@ def test_a_dropped_zero2_optimizer_frees_its_model_and_state(tmp_path):
 
     import torch.distributed as dist
 
-    from flux_cp.zero2 import ShardedAdamW
+    from flux_cp.parallel.zero2 import ShardedAdamW
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
@@ -232,7 +232,7 @@ def test_a_dropped_zero2_optimizer_frees_its_model_and_state(tmp_path):
 
 
 def test_zero2_in_the_bare_loop_trains_like_one_process_with_the_all_reduces_bytes(single_process, tmp_path):
-    """--weights zero2 (flux_cp/zero2.py) in the bare loop, 2 gloo ranks, fp64, 10 steps: the single process's
+    """--weights zero2 (flux_cp/parallel/zero2.py) in the bare loop, 2 gloo ranks, fp64, 10 steps: the single process's
     training; a step sends each bucket's gradient reduce-scattered and its parameters all-gathered (each the
     model's bytes, padded to W, over the flat buckets), no broadcast and no all-reduce (ZeRO-1 sends an all-reduce
     and a broadcast of every parameter)."""
@@ -284,8 +284,8 @@ def test_zero2_writes_each_gradient_into_its_bucket_once_and_divides_its_own_sha
     Rank 0 of a fake group of 4 (the simulated rank's), 3 buckets, 4 steps."""
     import torch.distributed as dist
 
-    from flux_cp.simulate import init_fake_world
-    from flux_cp.zero2 import ShardedAdamW
+    from flux_cp.parallel.fake_group import init_fake_world
+    from flux_cp.parallel.zero2 import ShardedAdamW
 
     init_fake_world(4)
     try:
@@ -306,7 +306,7 @@ def test_zero2_reduces_a_zero_gradient_for_a_parameter_the_backward_left_out(tmp
     one: the reduced gradient is the bucket's."""
     import torch.distributed as dist
 
-    from flux_cp.zero2 import ShardedAdamW
+    from flux_cp.parallel.zero2 import ShardedAdamW
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:

@@ -11,7 +11,7 @@ import torch
 from flux_cp.checks import resolve
 from flux_cp.config import parse_config
 from flux_cp.opbench import OPS, OpBench
-from flux_cp.results import OPS_METRICS, validate
+from flux_cp.runs.results import OPS_METRICS, validate
 
 from .conftest import ROOT, TINY, bench, main_in_process
 
@@ -90,14 +90,14 @@ def test_bad_ops_input_is_one_line_and_exit_2(tmp_path, args, message):
 @pytest.mark.gpu
 @pytest.mark.exclusive
 def test_plain_sdpa_matches_a_plain_torch_script():
-    """opbench's corrected timing of a plain SDPA call agrees with scripts/plain_sdpa_timing.py."""
+    """opbench's corrected timing of a plain SDPA call agrees with tools/plain_sdpa_timing.py."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     argv = ["--config", str(ROOT / "configs/flux_4608.yaml"), "--ops-only", "--cp", "none", "--seq-lens", "4608"]
     cfg = resolve(parse_config(argv, cuda_available=True), cuda_available=True, gpu_count=1)
     ob = OpBench(cfg, 0, 1, torch.device("cuda", 0), barrier=lambda: None)
     ob.run()
-    plain = subprocess.run([sys.executable, str(ROOT / "scripts/plain_sdpa_timing.py"), "--seq-len", "4608"],
+    plain = subprocess.run([sys.executable, str(ROOT / "tools/plain_sdpa_timing.py"), "--seq-len", "4608"],
                            capture_output=True, text=True, check=True)  # fmt: skip
     ref = json.loads(plain.stdout.strip().splitlines()[-1])
     for op in ("sdpa_fwd", "sdpa_bwd"):

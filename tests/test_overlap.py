@@ -1,5 +1,5 @@
-"""--ulysses-overlap (flux_cp/overlap.py): each single-stream block's all-to-alls are awaited only after MLP work that
-does not read them, in the forward and in the backward the autograd engine runs. (It trains as one process:
+"""--ulysses-overlap (parallel/ulysses_overlap.py): each single-stream block's all-to-alls are awaited only after MLP
+work that does not read them, in the forward and in the backward the autograd engine runs. (It trains as one process:
 tests/test_numerics.py; compiled blocks issue its collectives: tests/test_simulate.py.)"""
 
 import pytest
@@ -9,9 +9,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flux_cp.config import parse_config
 from flux_cp.model import FluxDiT
-from flux_cp.overlap import overlap_single_blocks
-from flux_cp.parallel import apply_cp, make_strategy
-from flux_cp.simulate import init_fake_world
+from flux_cp.parallel.cp import apply_cp
+from flux_cp.parallel.fake_group import init_fake_world
+from flux_cp.parallel.registry import make_strategy
+from flux_cp.parallel.ulysses_overlap import overlap_single_blocks
 
 from .conftest import TINY
 
@@ -104,12 +105,12 @@ def test_compiled_blocks_keep_the_mlp_gemms_between_issue_and_wait():
 
 
 def order_in_inductors_code(device: str) -> list[list[str]]:
-    """Inductor's code for each single block (compiled with the run's torch.compile arguments, flux_cp/step.py): per
+    """Inductor's code for each single block (compiled with the run's torch.compile arguments, train/step.py): per
     graph, its collectives, waits and GEMMs in the order the code runs them."""
     from torch._inductor.utils import run_and_get_code
 
     from flux_cp.config import RunConfig
-    from flux_cp.step import compile_options
+    from flux_cp.train.step import compile_options
 
     torch._dynamo.reset()
     run = RunConfig(cp="ulysses", ulysses_overlap=True, compile=True)

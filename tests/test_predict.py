@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from flux_cp.links import KindLink, LinkProfile, bus_factor, fit, for_world, load, load_any, save
-from flux_cp.predict import Collective, Timeline, approximate_ledger, predict, predict_ledger
+from flux_cp.predict.links import KindLink, LinkProfile, bus_factor, fit, for_world, load, load_any, save
+from flux_cp.predict.step_model import Collective, Timeline, approximate_ledger, predict, predict_ledger
 
 # 1 GB/s bus bandwidth and no latency: a 1 MB all-reduce over 2 ranks carries 1 MB of bus bytes = 1 ms
 LINK = LinkProfile("test", {k: KindLink(0.0, 1.0) for k in ("all_reduce", "all_to_all", "all_gather", "send",

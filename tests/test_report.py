@@ -13,11 +13,11 @@ from html.parser import HTMLParser
 
 import pytest
 
-from flux_cp import links
-from flux_cp.predict import approximate_ledger, predict, predict_ledger
+from flux_cp.predict import links
+from flux_cp.predict.step_model import approximate_ledger, predict, predict_ledger
 from flux_cp.report import OPS, build, tables
 from flux_cp.report import write as write_report
-from flux_cp.results import validate
+from flux_cp.runs.results import validate
 
 from .conftest import ROOT, bench
 
@@ -27,7 +27,7 @@ ISO = {1: {"sdpa_fwd": 0.40, "sdpa_bwd": 1.20, "qkv_gemm_fwd": 0.30, "qkv_gemm_b
        2: {"sdpa_fwd": 0.38, "sdpa_bwd": 1.10, "qkv_gemm_fwd": 0.16, "qkv_gemm_bwd": 0.31}}
 
 
-# a CPU link profile as scripts/measure_links.py writes one (hand-made: fixed numbers)
+# a CPU link profile as tools/measure_links.py writes one (hand-made: fixed numbers)
 CPU_LINK = {"name": "cpu-test", "measured": True, "kinds": {k: {"latency_us": 50.0, "busbw_gbps": 1.0, "source": "test"}
                                                             for k in ("all_reduce", "all_gather", "reduce_scatter",
                                                                       "all_to_all", "broadcast", "send")}}

@@ -1,7 +1,7 @@
 """Regimes in the report (issue 24): run folders built from real H200 summaries (docs/results/2026-12-03-h200-harness,
 call1) with their step medians, batch, depth, SDPA kernel and Lightning sync cadence set, over the axes baseline kernel
 x batch (+ depth, harness). Every expected cell and no other, speedups equal to the W=1 median over the report's own
-prediction (flux_cp.predict on the run's ledger), verdicts from those numbers, and the note on a baseline of another
+prediction (predict.step_model on the run's ledger), verdicts from those numbers, and the note on a baseline of another
 SDPA kernel than the ring's."""
 
 import importlib.util
@@ -10,12 +10,12 @@ import os
 
 import pytest
 
-from flux_cp import links
-from flux_cp.predict import predict_ledger
+from flux_cp.predict import links
+from flux_cp.predict.step_model import predict_ledger
 from flux_cp.report import build, regime_lines
 from flux_cp.report import write as write_report
 from flux_cp.report.regimes import recipe_for, verdict
-from flux_cp.results import stats
+from flux_cp.runs.results import stats
 
 from .conftest import ROOT
 
@@ -64,7 +64,7 @@ def put(root, name: str, d: dict, age: int = 50):
 
 
 def predicted(d: dict, W: int):
-    """What the report must use for a simulated rank: its ledger priced and placed by flux_cp.predict."""
+    """What the report must use for a simulated rank: its ledger priced and placed by flux_cp.predict.step_model."""
     return predict_ledger(d["comm"]["ledger"], links.for_world(LINK, W), step_ms=d["metrics"]["step_ms"]["median"])
 
 

@@ -4,7 +4,8 @@ import torch
 from flux_cp.config import DataConfig, ModelConfig
 from flux_cp.data import make_loader
 from flux_cp.model import FluxDiT, image_ids, text_ids
-from flux_cp.parallel import make_strategy, shard, shard_joint, unshard_joint
+from flux_cp.parallel.cp import shard, shard_joint, unshard_joint
+from flux_cp.parallel.registry import make_strategy
 
 
 def test_shard_then_gather_is_identity():

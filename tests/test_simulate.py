@@ -1,6 +1,6 @@
 """A simulated rank is the real code: one process as rank 0 of a W-rank job over torch's fake process group
-(flux_cp/simulate.py) computes what rank 0 of a real gloo job of the same config computes, and issues the same
-collectives (flux_cp/ledger.py). Each pair: the real run (Lightning launches W gloo ranks) and the simulated one,
+(parallel/fake_group.py) computes what rank 0 of a real gloo job of the same config computes, and issues the same
+collectives (measure/ledger.py). Each pair: the real run (Lightning launches W gloo ranks) and the simulated one,
 tiny config, 1 warm-up + 1 measured step, the measured step's compute ops recorded (--dump-ops)."""
 
 import difflib
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flux_cp.results import validate
+from flux_cp.runs.results import validate
 
 from .conftest import TINY, bench
 from .wandb_records import run_info

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flux_cp.config import ConfigError
-from flux_cp.sweep import Runner, classify, load_sweep
+from flux_cp.runs.sweep import Runner, classify, load_sweep
 
 from .conftest import ROOT, TINY, leftover_processes
 
@@ -140,7 +140,7 @@ def test_in_process_sweep_trains_as_separate_processes(tmp_path):
 COMPILE_ONCE = """
 import torch
 from torch._dynamo.utils import counters
-from flux_cp import compile_cache
+from flux_cp.train import compile_cache
 print(compile_cache.load())
 f = torch.compile(lambda x: (x.sin() * 2 + x.cos()).sum())
 f(torch.randn(64))
@@ -151,7 +151,7 @@ print("hits", counters["inductor"]["fxgraph_cache_hit"], "misses", counters["ind
 
 @pytest.mark.slow  # two processes compiling on CPU: ~40 s
 def test_compiled_artifacts_carry_to_a_fresh_process(tmp_path):
-    """flux_cp/compile_cache.py: a process that compiles writes its artifacts (FLUX_CP_COMPILE_CACHE_OUT); a fresh
+    """flux_cp/train/compile_cache.py: a process that compiles writes its artifacts (FLUX_CP_COMPILE_CACHE_OUT); a fresh
     one with its own, empty inductor cache directory loads them (FLUX_CP_COMPILE_CACHE_IN) and finds its graph
     cached, where without them it compiles (the device's calls each start on a fresh machine)."""
     art = tmp_path / "compile_cache.bin.xz"
@@ -175,7 +175,7 @@ def test_compiled_artifacts_carry_to_a_fresh_process(tmp_path):
 
 
 def test_every_suite_checks_out_on_the_one_gpu_device():
-    """Every named suite (configs/suites/, what scripts/gpu_session.sh runs on the lent H200) passes the checks each of
+    """Every named suite (configs/suites/, what tools/gpu_session.sh runs on the lent H200) passes the checks each of
     its runs would meet on a one-GPU host, so a broken suite is found here, not in device time."""
     bad = {}
     for f in sorted((ROOT / "configs" / "suites").glob("*.yaml")):

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from flux_cp.profiling import breakdown, load_trace
-from flux_cp.results import TRAIN_METRICS, validate
+from flux_cp.measure.profiling import breakdown, load_trace
+from flux_cp.runs.results import TRAIN_METRICS, validate
 
 from .conftest import TINY, bench
 from .wandb_records import run_info
@@ -146,7 +146,7 @@ def test_a_step_read_after_the_next_one_started_keeps_its_own_figures():
     boundaries and regions, whatever the timer has done since."""
     import time
 
-    from flux_cp.timing import StepTimer
+    from flux_cp.measure.timing import StepTimer
 
     t = StepTimer(cuda=False)
     t.start_step(regions=True)
@@ -173,8 +173,8 @@ def test_a_long_run_reads_finished_steps_in_the_loop(tmp_path):
     from flux_cp.checks import resolve
     from flux_cp.config import parse_config
     from flux_cp.model import num_params
-    from flux_cp.module import FluxCPModule
-    from flux_cp.results import train_header
+    from flux_cp.runs.results import train_header
+    from flux_cp.train.module import FluxCPModule
 
     cfg = parse_config(["--config", str(TINY), "--steps", "6", "--warmup-steps", "1", "--wandb-mode", "disabled",
                         "--output", str(tmp_path)])

@@ -1,4 +1,4 @@
-"""--cp tp (flux_cp/tp.py): Megatron-LM's tensor parallelism with sequence parallelism over the CP group, the
+"""--cp tp (flux_cp/parallel/tp.py): Megatron-LM's tensor parallelism with sequence parallelism over the CP group, the
 comparator past CP. Real gloo ranks train as the single process over 10 steps in fp64 (losses, first-step gradients
 and final parameters, the sharded weights put together from every rank's shard), in the bare loop at W = 2 and 4 and
 under Lightning; a step sends all-gathers and reduce-scatters of the sequence and the replicated weights' all-reduce,
@@ -74,16 +74,16 @@ def test_tp_with_separate_q_k_v_projections_trains_like_one_process(tmp_path):
 
 
 def test_the_bare_loops_wrap_shards_the_weights_for_ddp(tmp_path):
-    """flux_cp.bare.wrap_for_training (the bare loop's, and the Lightning run's bare twin's, which builds a model of
+    """train.bare.wrap_for_training (the bare loop's, and the Lightning run's bare twin's, which builds a model of
     its own: callbacks/twin.py) shards a --cp tp model over the CP mesh before DDP wraps it, and DDP holds only the
     replicated weights. Rank 0 of a fake group of 2."""
     import torch
 
-    from flux_cp.bare import wrap_for_training
     from flux_cp.config import parse_config
-    from flux_cp.mesh import build_mesh
-    from flux_cp.simulate import init_fake_world
-    from flux_cp.step import build_model
+    from flux_cp.parallel.fake_group import init_fake_world
+    from flux_cp.parallel.mesh import build_mesh
+    from flux_cp.train.bare import wrap_for_training
+    from flux_cp.train.step import build_model
 
     cfg = parse_config(["--config", str(TINY), "--cp", "tp", "--simulate-world", "2", "--harness", "bare"],
                        cuda_available=False)

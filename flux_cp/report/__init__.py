@@ -1,17 +1,18 @@
 """The report: reconcile train runs (op times inside the step) with ops runs (isolated op times), and predict
-the W-GPU step from one GPU (flux_cp.predict, link profiles in configs/links).
+the W-GPU step from one GPU (flux_cp.predict.step_model, link profiles in configs/links).
 
     report = build(Path("runs"), link=links.load("h200-nvlink4"))   # discover, group, analyse, reconcile
     paths = write(report, Path("runs/report"))                        # report.md, report.html, report.json, *.png
 
-runs.py: discovery and grouping; analysis.py: parts, speedups, comm priced, verdicts (and build); harness.py:
-Lightning against its bare twin;
+runs.py: discovery and grouping; analysis.py: parts, speedups, comm priced, verdicts;
+build.py: all of it from a folder; harness.py: Lightning against its bare twin;
 reconcile.py: "Reconciling the 1.66x"; regimes.py: the user's W >= 2 runs against each W=1 baseline and work per step,
 a verdict per regime; figures.py and render.py: PNGs, markdown, HTML, JSON;
 wandb_out.py: the wandb run and Report.
 """
 
-from .analysis import Report, analyse, build, comm_prediction  # noqa: F401
+from .analysis import Report, analyse, comm_prediction  # noqa: F401
+from .build import build  # noqa: F401
 from .harness import harness_overhead  # noqa: F401
 from .reconcile import reconcile  # noqa: F401
 from .regimes import regimes  # noqa: F401

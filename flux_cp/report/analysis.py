@@ -1,8 +1,8 @@
-"""Analysis of one configuration: the step's parts at each W, speedups, comm priced by flux_cp.predict, verdicts.
+"""Analysis of one configuration: the step's parts at each W, speedups, comm priced by predict.step_model, verdicts.
 
 Communication: every collective of the run (its comm.ledger, else the one predict.approximate_ledger derives
 from the shapes) priced with a link profile chosen by device (GPU runs: --link; CPU runs: --cpu-link, a
-gloo profile measured by scripts/measure_links.py, or not priced at all) and placed on the step's
+gloo profile measured by tools/measure_links.py, or not priced at all) and placed on the step's
 timeline. A simulated rank (fake collectives) measured compute only: its projected step is the
 prediction. A real multi-rank step contains its communication: the predicted exposure is taken out of
 it to name the parts (labelled an estimate).
@@ -15,24 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flux_cp.config import DDP_WEIGHTS, run_setting
-from flux_cp.links import LinkProfile, for_world
-from flux_cp.predict import approximate_ledger, predict, predict_ledger
+from flux_cp.predict.links import LinkProfile, for_world
+from flux_cp.predict.step_model import approximate_ledger, predict, predict_ledger
 
-from .harness import harness_overhead
 from .runs import (
     COMPUTE,
     OPS,
     PART_LABEL,
     Config,
-    ReportError,
     Run,
     Skipped,
-    _first_line,
     _latest,
-    discover,
-    group,
     isolated_for,
-    isolated_rows,
     noise,
     ratio,
 )
@@ -376,37 +370,3 @@ def _link_dict(link):
     if isinstance(link, dict):
         return {str(w): p.to_dict() for w, p in link.items()}
     return link and link.to_dict()
-
-
-def build(root: Path, link=None, cpu_link=None,
-          user: str = "torch(allgather)") -> Report:
-    """Discover, group, analyse; then the reconciliation section for the user's strategy."""
-    from flux_cp import links
-
-    from .levers import levers
-    from .reconcile import reconcile
-    from .regimes import regimes
-
-    root = Path(root)
-    if not root.is_dir():
-        raise ReportError(f"RUNS_DIR {root}: not a directory (give the folder holding the runs' summary.json)")
-    link = link or links.load("h200-nvlink4")
-    runs, skipped = discover(root)
-    if not runs and not skipped:
-        raise ReportError(f"RUNS_DIR {root}: no summary.json found (run scripts/train_bench.py --output {root}/<name>)")
-    borrow_ledgers(runs)
-    iso = isolated_rows(runs)
-    configs = []
-    for c in group(runs):
-        try:
-            analyse(c, iso, link, cpu_link)
-            configs.append(c)
-        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:  # odd values: listed, never a crash
-            why = f"could not analyse configuration {c.title} ({type(e).__name__}: {_first_line(e)})"
-            skipped += [Skipped(r.run.path, "skipped", why) for r in c.rows]
-    rep = Report(root, link, cpu_link, configs, runs, skipped, iso)
-    rep.reconcile = reconcile(rep, user)
-    rep.harness = harness_overhead(configs, runs)
-    rep.regimes = regimes(rep)
-    rep.levers = levers(rep)
-    return rep

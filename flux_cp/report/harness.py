@@ -5,7 +5,7 @@ run (--interleave-bare)."""
 import json
 import statistics
 
-from flux_cp.results import pooled_overhead
+from flux_cp.runs.results import pooled_overhead
 
 from .runs import Config, Run, _latest, noise, ratio, strategy_label, twin_key
 

@@ -12,7 +12,7 @@ call ran on another host's mood (runs.py), and maybe other code.
 import json
 
 from flux_cp.config import RunConfig
-from flux_cp.links import for_world
+from flux_cp.predict.links import for_world
 
 from .analysis import analyse_row
 from .runs import BOOKKEEPING, Run, _first_line, harness, strategy_label

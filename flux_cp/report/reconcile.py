@@ -4,7 +4,7 @@ isolated-op speedups beside, and the configurations the tool offers that do bett
 The user's configuration (docs/design.md): torch ring with allgather rotation, DDP, eager, bf16, 4608 tokens,
 batch 1, 1.66x measured from 1 to 2 GPUs. Its rows come from the analysed configurations (analysis.py):
 per W, a simulated rank's prediction (compute measured, communication priced and overlapped by
-flux_cp.predict) and, where a real multi-rank run exists, its measured step beside, with the error.
+flux_cp.predict.step_model) and, where a real multi-rank run exists, its measured step beside, with the error.
 Every speedup is against the same W=1 step: the eager `--cp none` baseline of the user's configuration.
 """
 

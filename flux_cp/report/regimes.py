@@ -7,7 +7,7 @@ ran, or `--cp torch` at world size 1: the seed script's --nproc-per-node 1 case)
 blocks), compile, harness and Lightning's SIGTERM sync cadence. A cell pairs one W >= 2 run of the user's
 configuration with one W=1 baseline of the same device, model, data and run settings but the strategy's, the world's
 and bookkeeping (match_key). A simulated rank's step is the report's prediction (analysis.analyse_row: compute
-measured, communication priced from its ledger by flux_cp.predict with the --link profile, with its bounds); real
+measured, communication priced from its ledger by predict.step_model with the --link profile, with its bounds); real
 processes' is their measured step. Per regime: "reproduces" when W=2 is within 10% of 1.66x and no larger W adds 25%
 or more over W=2, "does not reproduce" (with the reason), "incomplete" without a W=2 cell; and the mechanism, from the
 runs' numbers (reconcile's waterfall, the W=2 rank's device busy against its host time).
@@ -16,7 +16,7 @@ runs' numbers (reconcile's waterfall, the W=2 rank's device busy against its hos
 import json
 
 from flux_cp.config import CONFIG_DIR
-from flux_cp.links import for_world
+from flux_cp.predict.links import for_world
 
 from .analysis import analyse_row
 from .reconcile import USER_SPEEDUP, WATERFALL, _waterfall
@@ -283,7 +283,7 @@ def regimes(report) -> dict:
                 [None, None], "link": p["link"] if fake else None, "comm_source": p["source"] if fake else
                 "measured (real processes)", "kernel_note": kernel_note(b.d, run.d),
                 "host_ms": a["host_ms"], "device_busy_ms": run.metric("device_busy_ms"),
-                "host_op_us": run.d["env"].get("host_op_us"),  # the host's measured speed (flux_cp.results)
+                "host_op_us": run.d["env"].get("host_op_us"),  # the host's measured speed (flux_cp.runs.results)
                 "mechanism": _mechanism(kind, base, a, W, run)})
     ids = _label_ids(regs)
     cells, summary = [], {}

@@ -7,7 +7,7 @@ import math
 import re
 from pathlib import Path
 
-from flux_cp.links import name_of
+from flux_cp.predict.links import name_of
 
 from .analysis import Report
 from .figures import config_figures, reconcile_figure, regimes_figure
@@ -174,13 +174,13 @@ def _intro(report: Report) -> list[str]:
     n_train = sum(r.d["mode"] == "train" for r in report.runs)
     timers = sorted({r.timer for r in report.runs if r.d["mode"] == "train"})
     cpu = (f"CPU runs: {name_of(report.cpu_link)}" if report.cpu_link else
-           "CPU runs: communication not priced (no --cpu-link profile; scripts/measure_links.py measures one)")
+           "CPU runs: communication not priced (no --cpu-link profile; tools/measure_links.py measures one)")
     return [
         f"Runs under `{report.root}`: {n_train} train, {len(report.runs) - n_train} ops, "
         f"{len(report.skipped)} skipped or partial. Step times: {', '.join(timers) or '-'} "
         "(CUDA events on GPU, `time.perf_counter` on CPU).",
         f"Link profiles: GPU runs {name_of(report.link)}; {cpu}. Each collective is priced as latency + bus bytes / "
-        "bus bandwidth (nccl-tests' busbw convention) and placed on the step by `flux_cp/predict.py`: blocking ones "
+        "bus bandwidth (nccl-tests' busbw convention) and placed on the step by `predict/step_model.py`: blocking ones "
         "add their time, asynchronous ones only what outlasts the compute before their consumer.",
         "Parts: op regions are timed inside the step (summed over blocks); the K/V exchange runs inside the SDPA "
         "region and is taken out of it; other compute = step - op regions - gradient sync - idle. Amdahl (compute) = "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flux_cp.config import RUN_GROUPS, RunConfig, run_setting
-from flux_cp.results import validate
+from flux_cp.runs.results import harness, validate
 
 OPS = ("sdpa_fwd", "sdpa_bwd", "qkv_gemm_fwd", "qkv_gemm_bwd")
 COMPUTE = (*OPS, "other")
@@ -32,11 +32,6 @@ DTYPE_BYTES = {"bf16-true": 2, "16-true": 2, "bf16-mixed": 2, "16-mixed": 2, "32
 
 
 BARE = " bare"  # the strategy label's mark of a bare-loop run: its rows never meet a Lightning run's
-
-
-def harness(d: dict) -> str:
-    """The loop a run was timed in: "lightning" or "bare" (summaries older than --harness: lightning)."""
-    return d.get("harness") or "lightning"
 
 
 class ReportError(ValueError):

@@ -4,7 +4,7 @@ import os
 import statistics
 from pathlib import Path
 
-from flux_cp.links import name_of
+from flux_cp.predict.links import name_of
 
 from .analysis import Report
 from .render import _intro, _skipped_rows, harness_table, regimes_table, tables

@@ -1,0 +1,99 @@
+"""The 2-D device mesh (dp, cp) and how weights are kept in sync over it (the Lightning strategies that apply this
+are in flux_cp/train/strategies.py; the bare loop, flux_cp/train/bare.py, applies it without Lightning).
+
+    ranks = devices x num_nodes = dp x cp        mesh order ("dp", "cp"): cp innermost
+
+A CP group is `cp` consecutive global ranks. Lightning numbers ranks node by node
+(global rank = node_rank x devices + local_rank), so whenever --cp-degree divides --devices every
+CP group lies inside one node: the chatty per-layer attention collectives stay on NVLink and only
+the once-per-step gradient sync crosses nodes. Ranks of a CP group share a sample (each holds a
+1/cp slice of its tokens); the dp groups hold different samples.
+
+Weights, `--weights`:
+- ddp:  replicated on every rank; Lightning's DDPStrategy all-reduces (averages) gradients over all
+        dp x cp ranks.
+- zero: replicated like ddp, but the AdamW state is sharded over all dp x cp ranks (ZeRO-1, torch's
+        ZeroRedundancyOptimizer): each rank steps its share of the parameters and broadcasts them.
+- fsdp: FSDP2 `fully_shard` over all dp x cp ranks (torchtitan's flattened dp_shard x cp mesh), each
+        block a unit, then the root: per block, parameters are all-gathered before its forward and
+        backward, and gradients reduce-scattered (averaged) after its backward.
+Either way the update is the gradient of the global mean loss: see FluxCPModule.training_step.
+"""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def build_mesh(device_type: str, dp: int, cp: int):
+    """The (dp, cp) DeviceMesh over all ranks, or None without a process group (one plain process)."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (dp, cp), mesh_dim_names=("dp", "cp"))
+
+
+def shard_weights(model: nn.Module, mesh) -> None:
+    """FSDP2 over a 1-D mesh of all ranks: each transformer block is one all-gather/reduce-scatter unit, the
+    root (embedders, final norm and projection) one more, as torchtitan wraps its blocks."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6 kept it under _composable
+        from torch.distributed._composable.fsdp import fully_shard
+
+    for blk in (*model.double_blocks, *model.single_blocks):
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over what this rank updates: every parameter (ddp, fsdp: its shards), or its ZeRO share (zero)."""
+    fused = device.type == "cuda"  # one kernel per parameter group on CUDA, so the step is not host bound
+    # --step-graph: the step count on the device, so that a replayed step advances it (flux_cp/train/step_graph.py)
+    capturable = {"capturable": True} if run.step_graph else {}
+    params = list(model.parameters())
+    if run.weights == "zero2" and dist.is_available() and dist.is_initialized():
+        from flux_cp.parallel.zero2 import ShardedAdamW
+
+        share = run.zero2_forward_share if run.zero2_gather == "forward" else 0.0  # of the gathers, under the forward
+        return ShardedAdamW(model, full_grads=run.dump_grads, forward_share=share,
+                            bucket_bytes=int(run.zero2_bucket_mb * 2**20), lr=run.lr, fused=fused, **capturable)
+    if run.weights == "zero" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=run.lr, fused=fused,
+                                       parameters_as_bucket_view=run.zero_bucket_view, **capturable)
+    return torch.optim.AdamW(params, lr=run.lr, fused=fused, **capturable)
+
+
+def optimizer_numel(opt: torch.optim.Optimizer) -> int:
+    """Parameters this rank's optimizer steps (under ZeRO: its local share)."""
+    local = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps the rank's own optimizer in .optim
+    return sum(p.numel() for g in local.param_groups for p in g["params"])
+
+
+def _whole(p: nn.Parameter, t: torch.Tensor) -> torch.Tensor:
+    """t (p or its gradient) whole: FSDP's DTensor gathered, a --cp tp shard put together (flux_cp.parallel.tp)."""
+    if hasattr(t, "full_tensor"):
+        return t.full_tensor()
+    if hasattr(p, "_tp"):
+        from flux_cp.parallel.tp import full_tensor
+
+        return full_tensor(t, p._tp)
+    return t
+
+
+def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient, fp64 on CPU. Collective under FSDP and --cp tp: call on all ranks."""
+    out = {}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        out[name] = _whole(p, p.grad).detach().double().cpu()
+    return out
+
+
+def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole tensor, fp64 on CPU. Collective under FSDP and --cp tp: call on all ranks."""
+    return {name: _whole(p, p).detach().double().cpu() for name, p in model.named_parameters()}

@@ -1,0 +1,1 @@
+"""From one rank to W: link profiles (configs/links) and the step model that prices and places each collective."""

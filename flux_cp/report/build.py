@@ -1,0 +1,43 @@
+"""The report built from a folder of runs: discover, group, analyse each configuration, then the sections that read
+across them (reconciling the 1.66x, the harness's cost, the regimes, the levers)."""
+
+from pathlib import Path
+
+from flux_cp.predict import links
+
+from .analysis import Report, analyse, borrow_ledgers
+from .harness import harness_overhead
+from .levers import levers
+from .reconcile import reconcile
+from .regimes import regimes
+from .runs import ReportError, Skipped, _first_line, discover, group, isolated_rows
+
+
+def build(root: Path, link=None, cpu_link=None,
+          user: str = "torch(allgather)") -> Report:
+    """Discover, group, analyse; then the reconciliation section for the user's strategy."""
+
+
+    root = Path(root)
+    if not root.is_dir():
+        raise ReportError(f"RUNS_DIR {root}: not a directory (give the folder holding the runs' summary.json)")
+    link = link or links.load("h200-nvlink4")
+    runs, skipped = discover(root)
+    if not runs and not skipped:
+        raise ReportError(f"RUNS_DIR {root}: no summary.json found (run scripts/train_bench.py --output {root}/<name>)")
+    borrow_ledgers(runs)
+    iso = isolated_rows(runs)
+    configs = []
+    for c in group(runs):
+        try:
+            analyse(c, iso, link, cpu_link)
+            configs.append(c)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:  # odd values: listed, never a crash
+            why = f"could not analyse configuration {c.title} ({type(e).__name__}: {_first_line(e)})"
+            skipped += [Skipped(r.run.path, "skipped", why) for r in c.rows]
+    rep = Report(root, link, cpu_link, configs, runs, skipped, iso)
+    rep.reconcile = reconcile(rep, user)
+    rep.harness = harness_overhead(configs, runs)
+    rep.regimes = regimes(rep)
+    rep.levers = levers(rep)
+    return rep

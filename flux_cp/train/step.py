@@ -1,0 +1,150 @@
+"""One Flux training step under a CP strategy, with no harness around it.
+
+The Lightning module (train/module.py) and the bare loop (train/bare.py) both run this object, so the two
+harnesses time the same code and their losses agree step for step:
+
+    step = FluxStep(cfg, model, device, cp_mesh, timer)    # strategy installed, compiled, RoPE angles made
+    loss = step(model_or_ddp, optimizer, batch, backward)   # zero_grad, forward, loss, backward, optimizer step
+                                                            # (--step-graph: replayed from one CUDA graph)
+"""
+
+import contextlib
+import os
+
+import torch
+import torch.nn.functional as F
+
+from flux_cp.config import BenchConfig
+from flux_cp.data import DTYPES
+from flux_cp.measure.timing import StepTimer
+from flux_cp.model import FluxDiT, image_ids, text_ids
+from flux_cp.parallel.cp import apply_cp, shard, split_conditioning
+from flux_cp.parallel.registry import make_strategy
+from flux_cp.parallel.tp import apply_tp, rope_tables
+from flux_cp.parallel.ulysses_overlap import overlap_single_blocks
+from flux_cp.train.step_graph import StepGraph
+
+
+def init_device(accelerator: str) -> torch.device:
+    """Where the weights are drawn: on the GPU the run trains on (LOCAL_RANK, set by Lightning's launcher, torchrun and
+    the bare launcher), since the CPU's serial RNG takes ~15 s per run for Flux.1-sized blocks."""
+    if accelerator == "gpu" and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def build_model(cfg: BenchConfig) -> FluxDiT:
+    """The same random init at every world size, strategy and harness (per device type), in fp32: the harness casts
+    it to the run's precision."""
+    torch.manual_seed(cfg.data.seed)
+    with torch.device(init_device(cfg.run.accelerator)):
+        return FluxDiT(cfg.model)
+
+
+def compile_model(model: FluxDiT, run) -> None:
+    """torch.compile each block (torchtitan's way) or the whole model; the attention processor and its collectives
+    are traced with them."""
+    scope = [model] if run.compile_scope == "model" else [*model.double_blocks, *model.single_blocks]
+    for m in scope:
+        overlapped = run.ulysses_overlap and (m is model or m in model.single_blocks)
+        m.compile(**compile_options(run, overlapped))
+
+
+def compile_options(run, overlapped: bool = False) -> dict:
+    """torch.compile's arguments for the run's settings; overlapped: the code holds --ulysses-overlap's blocks."""
+    mode = run.compile_mode if run.compile_backend == "inductor" and run.compile_mode != "default" else None
+    options = None
+    if overlapped and run.compile_backend == "inductor":
+        # inductor's peak-memory reordering (on by default) moves each wait_tensor up to its collective, which would
+        # undo --ulysses-overlap in the backward (tests/test_overlap.py); options replace a mode, so they carry its own
+        options = {**(torch._inductor.list_mode_options(mode) if mode else {}), "reorder_for_peak_memory": False}
+        mode = None
+    return {"mode": mode, "options": options, "backend": run.compile_backend}
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Tensors made without a dtype inside the step take the run's (what Lightning's bf16-true and 64-true
+    precision plugins do around training_step), so both harnesses compute alike."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+class FluxStep:
+    def __init__(self, cfg: BenchConfig, model: FluxDiT, device: torch.device, cp_mesh, timer: StepTimer):
+        run, data = cfg.run, cfg.data
+        rank, world = (cp_mesh.get_local_rank(), cp_mesh.size()) if cp_mesh is not None else (0, 1)  # in the CP group
+        self.timer = timer
+        self.strategy = make_strategy(run.cp, rank, world, device, run.sdpa_backend, run.rotate, mesh=cp_mesh,
+                                      ulysses_qkv=run.ulysses_qkv)
+        apply_cp(model, self.strategy, timer)
+        if run.cp == "tp":  # its weights were sharded before DDP and the optimizer (flux_cp.parallel.tp.shard_model)
+            ids = (text_ids(data.text_tokens).to(device), image_ids(data.image_height, data.image_width).to(device))
+            dtype = torch.promote_types(DTYPES[run.precision], torch.float32)
+            apply_tp(model, self.strategy, timer, rope_tables(model, *ids, world, dtype))
+        if run.ulysses_overlap:
+            overlap_single_blocks(model, self.strategy)
+        if run.split_conditioning:
+            split_conditioning(model, self.strategy)
+        if run.compile:
+            compile_model(model, run)
+        # --step-graph: eager through warm-up but its last step, which captures (flux_cp/train/step_graph.py)
+        # --grad-bucket-view: gradients stay views into DDP's buckets, zeroed in place (freed, the next backward would
+        # allocate new ones and DDP copy them in again)
+        self.set_to_none = not run.grad_bucket_view
+        self.graph = StepGraph(run.warmup_steps - 1, set_to_none=self.set_to_none) if run.step_graph else None
+        self.split = (rank, world)  # this rank's place in its CP group (a simulated rank's too: its fake group)
+        # Each rank's RoPE angles: its own text and image tokens' positions, in [text, image] order.
+        txt = shard(text_ids(data.text_tokens), 0, *self.split)
+        img = shard(image_ids(data.image_height, data.image_width), 0, *self.split)
+        dtype = torch.promote_types(DTYPES[run.precision], torch.float32)  # fp32 under bf16, fp64 in fp64 runs
+        self.rope = model.rope(txt.to(device), img.to(device), dtype)  # (cos, sin), (S_l, head_dim)
+        m = cfg.model  # the kernel this rank's attention runs (summary.json sdpa_kernel), not only the setting
+        self.sdpa_kernel = self.strategy.sdpa_kernel(data.batch_size, m.num_heads, data.seq_len // world, m.head_dim,
+                                                     DTYPES[run.precision], device)
+
+    def __call__(self, model, opt, batch: dict, backward=torch.Tensor.backward) -> torch.Tensor:
+        """One optimizer step on this rank's shard of `batch`; returns the local loss (detached, on the device).
+        model: what the forward calls (the DDP wrapper in the bare loop, the module itself under Lightning)."""
+        if self.graph is not None:
+            return self.graph(self._step, model, opt, batch, backward)
+        return self._step(model, opt, batch, backward)
+
+    @property
+    def replays(self) -> bool:
+        """Whether the next call replays the step graph (no Python of the step runs: no optimizer.step call)."""
+        return self.graph is not None and self.graph.graph is not None
+
+    def finish(self, opt) -> None:
+        """After the last step: the parameters whole (ZeRO-2 gathering in the forward leaves them stale between
+        steps), before anything reads them."""
+        if hasattr(opt, "flush"):
+            opt.flush()
+
+    def close(self) -> None:
+        """Release what the step holds on the device that must go before the process group does (the step graph)."""
+        if self.graph is not None:
+            self.graph.release()
+
+    def _step(self, model, opt, batch: dict, backward) -> torch.Tensor:
+        # Before the forward: FSDP2 leaves the root unit unsharded after it, where a model.zero_grad would clear the
+        # unsharded copies and the sharded grads (AdamW's) would sum over steps. ZeRO's param_groups hold every param.
+        opt.zero_grad(set_to_none=self.set_to_none)
+        x, target, text = (shard(batch[k], 1, *self.split) for k in ("x_t", "target", "text"))  # (B, S/W, .)
+        with self.strategy.step_context():
+            pred = model(x, text, batch["pooled"], batch["t"], self.rope)
+            # Mean over local image tokens of this rank's samples. Every rank holds the same number of tokens
+            # (equal sequence shards of equally many samples), so the mean of the dp x cp local losses is the
+            # global mean, and averaging gradients over all dp x cp ranks (DDP all-reduce, FSDP reduce-scatter)
+            # gives the gradient of the global loss. In fp32 at least (bf16 runs), fp64 in fp64 runs.
+            dtype = torch.promote_types(pred.dtype, torch.float32)
+            loss = F.mse_loss(pred.to(dtype), target.to(dtype))
+            self.timer.mark("forward_end")
+            backward(loss)
+            self.timer.mark("backward_end")  # DDP's bucket all-reduces are consumed here (the reducer waits)
+        opt.step()
+        return loss.detach()

@@ -1,0 +1,111 @@
+"""The layout keeps its promises (docs/reference.md, Layout): imports run one way (scripts and tools -> callbacks ->
+flux_cp), no module imports itself around a circle, flux_cp's folders import each other in one order, and every
+module is one a reader holds in one sitting. Every import is counted, those inside functions too."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# flux_cp's folders (and its top-level modules, "core"), lowest first: a folder imports only those before it
+# (flux_cp.opbench, the ops mode, sits above parallel/ and runs/; report/ reads runs and predictions)
+ORDER = ["core", "measure", "predict", "runs", "parallel", "train", "opbench", "report"]
+MAX_LINES = 520
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for top in ("flux_cp", "callbacks"):
+        for p in (ROOT / top).rglob("*.py"):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = p
+    return mods
+
+
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """Project modules that `name` (at `path`) imports anywhere in its body."""
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.add(t)
+    return out
+
+
+def _graph():
+    mods = _modules()
+    return {m: _imports(p, m, set(mods)) for m, p in mods.items()}
+
+
+def _folder(mod: str) -> str:
+    parts = mod.split(".")
+    if parts[0] != "flux_cp" or len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2 and parts[1] != "opbench":
+        return "core" if not (ROOT / "flux_cp" / parts[1]).is_dir() else parts[1]
+    return parts[1]
+
+
+def test_no_module_imports_itself_around_a_circle():
+    g = _graph()
+    state, cycles = {}, []
+
+    def visit(m, path):
+        state[m] = "open"
+        for n in sorted(g[m]):
+            if n.startswith(m + "."):  # a package's __init__ re-exporting its own modules is no circle
+                continue
+            if state.get(n) == "open":
+                cycles.append(path[path.index(n):] + [n] if n in path else [m, n])
+            elif n not in state:
+                visit(n, path + [n])
+        state[m] = "done"
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_flux_cp_never_imports_callbacks_and_folders_import_one_way():
+    bad = []
+    for m, deps in _graph().items():
+        for d in deps:
+            if m.startswith("flux_cp") and d.startswith("callbacks"):
+                bad.append(f"{m} -> {d}")
+            elif m.startswith("flux_cp") and d.startswith("flux_cp."):
+                a, b = _folder(m), _folder(d)
+                if a != b and ORDER.index(b) > ORDER.index(a):
+                    bad.append(f"{m} ({a}) -> {d} ({b})")
+    assert not bad, "imports against the layering: " + ", ".join(sorted(bad))
+
+
+@pytest.mark.parametrize("top", ["flux_cp", "callbacks", "scripts", "tools"])
+def test_every_module_holds_in_one_sitting(top):
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / top).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split by what they do: {long}"
+
+
+def test_scripts_hold_only_what_a_user_runs():
+    entry_points = {"train_bench.py", "sweep.py", "report.py", "plan.py"}
+    extra = {p.name for p in (ROOT / "scripts").iterdir() if p.suffix in (".py", ".sh")} - entry_points
+    assert not extra, f"probes and device helpers belong in tools/: {sorted(extra)}"
+    readme = (ROOT / "tools" / "README.md").read_text()
+    missing = [p.name for p in (ROOT / "tools").iterdir() if p.suffix in (".py", ".sh") and f"`{p.name}`" not in readme]
+    assert not missing, f"tools/README.md has no line for {missing}"
