@@ -20,7 +20,7 @@ GPU_DEFAULT = CONFIG_DIR / "flux_4608.yaml"
 CPU_DEFAULT = CONFIG_DIR / "tiny.yaml"
 
 CP = Literal["auto", "torch", "allgather-kv", "ulysses", "tp", "none"]
-STRATEGIES = ("torch", "allgather-kv", "ulysses", "tp", "none")  # tp: TP + SP, the comparator past CP (parallel/tp.py)
+STRATEGIES = ("torch", "allgather-kv", "ulysses", "tp", "none")  # tp: tensor + sequence parallelism (parallel/tp.py)
 HEAD_SHARDING = ("ulysses", "tp")  # strategies that split heads across the CP group
 
 
@@ -77,9 +77,10 @@ class RunConfig:
     devices: int = 1  # per node
     num_nodes: int = 1  # Lightning's cluster environments (torchrun, SLURM, NODE_RANK + MASTER_ADDR) join them
     cp_degree: int | None = None  # ranks per CP group; default: all of them (pure CP). dp = ranks / cp_degree
-    # replicated + all-reduce; the same with AdamW state sharded (ZeRO-1); gradients reduce-scattered and AdamW
-    # sharded in flat buckets, parameters all-gathered (ZeRO-2, parallel/zero2.py); or FSDP2 sharded; over all dp x cp
-    weights: Literal["ddp", "zero", "zero2", "fsdp"] = "ddp"  # DDP_WEIGHTS run under a DDP wrapper, the others not
+    # how the weights are kept in sync over all ranks: ddp (replicated, gradients all-reduced); zero (the same, AdamW
+    # state sharded: ZeRO-1); zero2 (gradients reduce-scattered, AdamW sharded, parameters all-gathered: ZeRO-2);
+    # fsdp (FSDP2: parameters sharded)
+    weights: Literal["ddp", "zero", "zero2", "fsdp"] = "ddp"
     # --weights zero: parameters as views of one flat buffer per rank (ZeroRedundancyOptimizer's
     # parameters_as_bucket_view): after the step each rank broadcasts its buffer, W broadcasts instead of one per
     # parameter (104 for Flux's 2 + 4 blocks), fewer host calls for the same bytes
@@ -96,14 +97,15 @@ class RunConfig:
     zero2_forward_share: float = 1.0
     zero2_bucket_mb: float = 25.0  # --weights zero2: its flat buckets' size (DDP's bucket_cap_mb, its default)
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu if CUDA is visible
-    cp: CP = "auto"  # CP strategy; auto: none on one rank, torch on GPUs, allgather-kv on CPU
+    # how a sample's tokens (or, for tp, the weights) are split over ranks: torch (torch's ring attention),
+    # allgather-kv, ulysses (all-to-all over heads), tp (tensor + sequence parallelism), none; auto: none on one
+    # rank, torch on GPUs, allgather-kv on CPU
+    cp: CP = "auto"
     rotate: Literal["allgather", "alltoall"] = "allgather"  # torch ring: how K/V shards move
-    # ulysses: q, k and v sent to their head groups in one all-to-all (fused) or one each (separate: runs before
-    # 2026-12-04 20:00 UTC, whose summaries lack the setting)
+    # ulysses: q, k and v sent to their head groups in one all-to-all (fused) or one each (separate)
     ulysses_qkv: Literal["fused", "separate"] = "fused"
     # ulysses: in the single-stream blocks the all-to-alls run under the MLP branch's GEMMs, which never read the
-    # attention (issued, then awaited after them, forward and backward: parallel/ulysses_overlap.py),
-    # instead of stalling it
+    # attention (issued before them, awaited after them, forward and backward), instead of stalling it
     ulysses_overlap: bool = False
     sdpa_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"  # SDPA kernel (auto: torch's pick)
     precision: Literal["bf16-true", "32-true", "64-true"] = "bf16-true"  # weights, activations and batches
@@ -118,20 +120,20 @@ class RunConfig:
     loader: Literal["device", "workers"] = "device"
     num_workers: int | None = None  # --loader workers: worker processes; default: 4 on GPU, 0 on CPU
     # Lightning 2.6 broadcasts a SIGTERM flag and reads it back (.item(): a host-device sync) before every step at
-    # W > 1 (its PR 20825); here every N steps, as its PR 21640 proposes. 1: stock Lightning
+    # W > 1; here every N steps (as a pending Lightning change proposes). 1: stock Lightning
     sigterm_every: int = 100
     # > 0 (Lightning harness): a bare twin of the model trains N bare steps after every N measured Lightning steps in
-    # this process, so both harnesses' steps see the same host within seconds (callbacks/twin.py)
+    # this process, so both harnesses' steps see the same host within seconds
     interleave_bare: int = 0
-    # an emulated slower host: this process pinned to one core shared with K - 1 busy loops (measure/host_load.py)
+    # an emulated slower host: this process pinned to one core shared with K - 1 busy loops
     host_slowdown: int = 1
     output: str | None = None  # run folder; default: a new runs/<run_name>/<time> (runs/<run_name>/latest points at it)
     overwrite: bool = False  # let --output replace the complete run it holds
     group: str = "adhoc"  # sweep id: one wandb dashboard per group
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"  # wandb run in <output>/wandb; online: synced
     timing: bool = True  # op regions (QKV GEMM, SDPA) inside the step
-    # every collective of the instrumented steps recorded (measure/ledger.py: ~20-40 us of host per collective, in
-    # those steps only); false: none recorded, the report prices the collectives derived from the shapes instead
+    # every collective of the instrumented steps recorded (~20-40 us of host per collective, in those steps only);
+    # false: none recorded, the report prices the collectives derived from the shapes instead
     ledger: bool = True
     # the instruments (op regions, the ledger) on every Nth measured step (1: all), in both harnesses: the others give
     # step_ms, the instrumented ones step_timed_ms, the ops and the collectives (timing_overhead_pct: their cost); at
@@ -148,13 +150,13 @@ class RunConfig:
     # per pass under reduce-overhead), fewer host launches where the per-rank step is short
     compile_scope: Literal["blocks", "model"] = "blocks"
     # CUDA: the whole step (forward, backward, gradient sync, optimizer) captured in one CUDA graph at the last warm-up
-    # step and replayed after it (flux_cp/train/step_graph.py): the host issues a step in a few launches
+    # step and replayed after it: the host issues a step in a few launches
     step_graph: bool = False
     # the AdaLN modulation linears (conditioning vector -> shifts, scales, gates: a cost that does not shrink with
-    # the tokens a rank holds) split over the CP group by output features, one all-gather each (flux_cp.parallel.cp)
+    # the tokens a rank holds) split over the CP group by output features, one all-gather each
     split_conditioning: bool = False
     # W >= 2: this process is rank --simulate-rank of a W-rank job over torch's fake process group
-    # (parallel/fake_group.py): the real code with a rank's shapes, collectives moving nothing; --ops-only takes a list
+    # (torch's fake backend): the real code with a rank's shapes, collectives moving nothing; --ops-only takes a list
     simulate_world: int | list[int] | str | None = None
     simulate_rank: int = 0  # which rank of the simulated job this process is
     sync_debug: bool = False  # CUDA: count the loop's synchronizing calls by call site (torch's sync debug mode)
@@ -163,7 +165,7 @@ class RunConfig:
     dump_ops: bool = False  # save the compute ops (aten op, shapes) of the first measured step: ops_rank<r>.json
     dump_params: bool = False  # save every parameter after the last step (numerics checks: the whole update)
     timeout_s: float = 900.0  # a stalled step (hung rank/collective) ends the run: process-group timeout + watchdog
-    # op-only microbenchmark (flux_cp/opbench.py); lists are given as "4608,16384" or [4608, 16384]
+    # op-only microbenchmark; lists are given as "4608,16384" or [4608, 16384]
     ops_only: bool = False  # time SDPA fwd/bwd and the QKV GEMM per call instead of training steps
     seq_lens: int | list[int] | str | None = None  # total image+text tokens per sample; default: the config's
     seed_compat: bool = False  # also time the seed script's way: its shapes, one loop between barriers
@@ -265,6 +267,7 @@ def _parser(defaults_from: str | None = None):
     for key, cls in (("model", ModelConfig), ("data", DataConfig)):
         p.add_class_arguments(cls, key)
         p.groups[key].title = f"{cls.__doc__.strip()}"  # not jsonargparse's <class ...> without docstring_parser
+        p._option_string_actions[f"--{key}"].help = f"a YAML holding {key} settings alone"  # not jsonargparse's wording
         helps = field_help(cls)
         for a in p._actions:
             if a.dest.startswith(f"{key}.") and a.dest[len(key) + 1:] in helps:

@@ -12,7 +12,7 @@ from .conftest import ROOT
 
 def test_measure_links_gloo_writes_a_valid_profile(tmp_path):
     out = tmp_path / "cpu-gloo.yaml"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "measure_links.py"), "--world", "2", "--backend", "gloo",
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "measure_links.py"), "--world", "2", "--backend", "gloo",
                         "--min-bytes", "1024", "--max-bytes", str(2**20), "--factor", "8", "--iters", "3",
                         "--warmup", "1", "--out", out], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
