@@ -1,5 +1,5 @@
 """Bare-loop runs (--harness bare) in the report and the end-of-run verdict: built from real CPU summaries
-(docs/results) with the step times set, a Lightning run and its bare twin at W=1 and W=2 plus a bare run with no
+(docs/archive) with the step times set, a Lightning run and its bare twin at W=1 and W=2 plus a bare run with no
 twin. Bare runs never join a Lightning configuration; each Lightning row is held against its twin."""
 
 import copy
@@ -18,7 +18,7 @@ from flux_cp.runs.results import stats
 
 from .conftest import ROOT
 
-TEMPLATES = ROOT / "docs" / "results" / "2026-12-03-cpu-prediction" / "runs.tar.xz"  # runs/<name>/summary.json
+TEMPLATES = ROOT / "docs" / "archive" / "2026-12-03-cpu-prediction" / "runs.tar.xz"  # runs/<name>/summary.json
 W1, W2 = "w1-none-r0", "real-w2-allgather-kv-ddp-r0"
 NEW_KEYS = {"loader": "device", "sigterm_every": 100}  # run settings summaries gained with --harness
 # per measured step, ms: the bare W=1 loop is noisy (IQR 8.5 ms > the 2 ms difference), W=2 steady

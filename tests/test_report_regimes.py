@@ -1,4 +1,4 @@
-"""Regimes in the report (issue 24): run folders built from real H200 summaries (docs/results/2026-12-03-h200-harness,
+"""Regimes in the report (issue 24): run folders built from real H200 summaries (docs/archive/2026-12-03-h200-harness,
 call1) with their step medians, batch, depth, SDPA kernel and Lightning sync cadence set, over the axes baseline kernel
 x batch (+ depth, harness). Every expected cell and no other, speedups equal to the W=1 median over the report's own
 prediction (predict.step_model on the run's ledger), verdicts from those numbers, and the note on a baseline of another
@@ -19,7 +19,7 @@ from flux_cp.runs.results import stats
 
 from .conftest import ROOT
 
-CALL1 = ROOT / "docs" / "results" / "2026-12-03-h200-harness" / "call1"
+CALL1 = ROOT / "docs" / "archive" / "2026-12-03-h200-harness" / "call1"
 SIM = {2: CALL1 / "flux_harness" / "simulate_world-2_harness-bare",
        8: CALL1 / "flux_harness" / "simulate_world-8_harness-bare"}
 SIM_LIT = {W: CALL1 / "flux_harness" / f"simulate_world-{W}_harness-lightning" for W in (2, 4)}

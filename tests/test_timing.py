@@ -126,10 +126,10 @@ def test_kernel_breakdown_of_a_cuda_trace():
 
 
 def test_kernel_breakdown_of_the_committed_h200_trace():
-    """The parser on a real trace (H200, Flux config, W=1, docs/results): the same figures as its summary."""
+    """The parser on a real trace (H200, Flux config, W=1, docs/archive): the same figures as its summary."""
     from pathlib import Path
 
-    d = Path(__file__).resolve().parents[1] / "docs" / "results" / "2026-12-02-h200-timing"
+    d = Path(__file__).resolve().parents[1] / "docs" / "archive" / "2026-12-02-h200-timing"
     b = breakdown(load_trace(d / "runs" / "w1-none-ab-profile" / "trace_rank0.json.gz"))
     recorded = json.loads((d / "runs" / "w1-none-ab-profile" / "summary.json").read_text())["profile"]
     assert b["device"] == "cuda" and b["steps"] == recorded["steps"] == 3
