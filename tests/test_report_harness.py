@@ -13,8 +13,8 @@ import pytest
 from flux_cp.report import build, verdict_lines
 from flux_cp.report import write as write_report
 from flux_cp.report.runs import twin_key
-from flux_cp.runs.verdict import verdict
 from flux_cp.runs.results import stats
+from flux_cp.runs.verdict import verdict
 
 from .conftest import ROOT
 
