@@ -54,7 +54,15 @@ from lightning.pytorch import Callback
 from flux_cp.measure.timing import GcClock, instrumented, spin_cycles_per_ms, sync_allowed, timed_names
 from flux_cp.parallel.fake_group import is_fake
 from flux_cp.runs.failures import error_kind, error_line, error_trace
-from flux_cp.runs.results import RunSummary, gather_row, host_op_us, peak_memory, reset_peak_memory, run_start_time
+from flux_cp.runs.results import (
+    RunSummary,
+    gather_row,
+    host_op_us,
+    peak_memory,
+    reset_peak_memory,
+    run_start_time,
+    throughput_of,
+)
 
 # The parts of a step's loop period (loop_ms) kept in its step record; see the module docstring.
 LOOP_PARTS = ("data_ms", "transfer_ms", "prologue_ms", "after_ms", "gc_ms")
@@ -93,6 +101,7 @@ class OpTimingCallback(Callback):
         self._lags: list[int] = []  # measured steps: how many steps later than its own end each was read
         # measured steps' reads, where (probe steps apart: they end by waiting for the device on purpose)
         self._reads = {"in_loop": 0, "after_loop": 0, "waited_in_loop": 0, "probe_drains": 0}
+        self._elapsed_s = 0.0  # the logged steps' own times (events) summed: the time axis of the logger's rows
         self._kinds: dict[str, int] = {}  # measured steps read, by kind (summary.json step_kinds)
         self._in_loop = False
         self.wall: dict[str, float] = {}  # epoch seconds: the run's start, first step, warm-up end, last step end
@@ -222,17 +231,41 @@ class OpTimingCallback(Callback):
         if trainer.global_rank != self.report_rank:
             return
         if trainer.logger is not None:
-            logged = {"loss": loss, "warmup": float(batch_idx < self.skip), **local}
-            if trainer.world_size > 1:
-                logged |= {f"rank_max/{k}": v for k, v in zip(keys, vmax)}
-                logged |= {f"rank_min/{k}": v for k, v in zip(keys, vmin)}
-            trainer.logger.log_metrics(logged, step=batch_idx)
+            row = self._row(trainer.world_size, batch_idx, kind, step_ms, loss, local, keys, vmax, vmin)
+            trainer.logger.log_metrics(row, step=batch_idx)
         # Written at every step out of the statistics, then at most every flush_every_s: a write (JSON + fsync) in
         # every step would be host time between steps. A failing run writes everything it read (on_exception).
         now = time.perf_counter()
         if self._in_loop and (batch_idx < self.skip or now - self._flushed >= self.flush_every_s):
             self.summary.write(complete=False)
             self._flushed = now
+
+    def _row(self, ranks, batch_idx, kind, step_ms, loss, local, keys, vmax, vmin) -> dict:
+        """One step's logger row. Warm-up steps' figures under warmup/ (out of the measured series, whose summary is
+        the median); every row carries `elapsed_s`, the steps' own times summed (the rows are logged after the loop,
+        so their wall-clock stamps say nothing), and a measured plain step its throughput."""
+        self._elapsed_s += step_ms / 1e3
+        pre = "warmup/" if batch_idx < self.skip else ""
+        row = {"loss": loss, "elapsed_s": self._elapsed_s, **{pre + k: v for k, v in local.items()}}
+        if ranks > 1:
+            row |= {f"{pre}rank_max/{k}": v for k, v in zip(keys, vmax)}
+            row |= {f"{pre}rank_min/{k}": v for k, v in zip(keys, vmin)}
+        if not pre and kind == "plain":
+            t = throughput_of(self.summary.header, step_ms=step_ms)
+            row |= {k: v for k, v in t.items() if k.startswith("throughput/")}
+        return row
+
+    def wandb_summary(self) -> dict:
+        """The run's figures as summary.json holds them: each metric's median under its own name, min, max and n
+        beside it (wandb's run table and comparisons read the summary, which would otherwise keep the last step's)."""
+        out = {}
+        for name, m in self.summary.metrics().items():
+            out |= {name: m["median"], f"{name}/min": m["min"], f"{name}/max": m["max"], f"{name}/n": m["n"]}
+            if "rank_max_median" in m:
+                out |= {f"rank_max/{name}": m["rank_max_median"], f"rank_min/{name}": m["rank_min_median"]}
+        t = throughput_of(self.summary.header | {"metrics": self.summary.metrics()})
+        out |= {k: v for k, v in t.items() if isinstance(v, (int, float)) and v is not None}
+        return out | self.summary.derived()
 
     def _figures(self, kind: str, local: dict) -> dict:
         """A step's figures under the names its kind gives them."""
@@ -266,9 +299,8 @@ class OpTimingCallback(Callback):
         if trainer.global_rank != self.report_rank:
             return
         self.summary.write(complete=True)  # before the logger is finalised: a wandb failure loses nothing
-        if hasattr(trainer.logger, "log_summary"):  # medians in wandb's run table (ResilientWandbLogger)
-            medians = {f"{name}/median": m["median"] for name, m in self.summary.metrics().items()}
-            trainer.logger.log_summary(medians | self.summary.derived())
+        if hasattr(trainer.logger, "log_summary"):  # wandb's run table (ResilientWandbLogger)
+            trainer.logger.log_summary(self.wandb_summary())
 
     def _remove_gc_hook(self):
         if self._gc in gc.callbacks:

@@ -112,7 +112,14 @@ def train(cfg) -> int:
         kill_tree,
         out_of_space,
     )
-    from flux_cp.runs.results import ERROR_FILE_PREFIX, read_errors, train_header, wall_split, write_json_atomic
+    from flux_cp.runs.results import (
+        ERROR_FILE_PREFIX,
+        filter_keys,
+        read_errors,
+        train_header,
+        wall_split,
+        write_json_atomic,
+    )
     from flux_cp.train.module import FluxCPModule
     from flux_cp.train.strategies import lightning_precision, lightning_strategy
 
@@ -162,13 +169,13 @@ def train(cfg) -> int:
     if run.wandb_mode != "disabled":
         logger = ResilientWandbLogger(
             project="flux-cp",
-            name=name,
+            name=f"{name}-{time.strftime('%m%d-%H%M%S')}",  # unique and readable: repeated runs share run_name
             group=run.group,
             job_type="train",
             save_dir=str(out),
             offline=run.wandb_mode == "offline",
-            config={**cfg.to_dict(), "env": header["env"], "collectives": header["collectives"],
-                    "simulate": header["simulate"]},
+            config={**filter_keys(cfg, header), **cfg.to_dict(), "env": header["env"],
+                    "collectives": header["collectives"], "simulate": header["simulate"]},
         )
     precision = lightning_precision(run)
     trainer = L.Trainer(

@@ -49,3 +49,12 @@ def run_info(path: Path) -> dict:
                 key = item.key or "/".join(item.nested_key)
                 out["summary"][key] = json.loads(item.value_json)
     return out
+
+
+def history(path: Path) -> list[dict]:
+    """The run's history rows, in the order logged."""
+    rows = []
+    for rec in records(path):
+        if rec.WhichOneof("record_type") == "history":
+            rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item})
+    return rows

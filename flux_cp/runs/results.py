@@ -139,6 +139,15 @@ def train_header(cfg, params: int) -> dict:
     }
 
 
+def filter_keys(cfg, header: dict) -> dict:
+    """A run's configuration in the few top-level keys runs are filtered and grouped by (wandb's run table)."""
+    run = cfg.run
+    return {"W": run.world_size, "cp": run.cp, "dp": run.dp, "cp_degree": run.cp_degree or run.world_size,
+            "weights": run.weights, "compile": run.compile, "step_graph": run.step_graph,
+            "batch": run.dp * cfg.data.batch_size, "S": cfg.data.seq_len, "harness": run.harness,
+            "precision": run.precision, "device": header["env"].get("device"), "simulated": bool(run.simulate_world)}
+
+
 _RUN_STARTED: float | None = None  # set by an in-process sweep before each run (flux_cp/runs/sweep.py)
 
 
@@ -163,6 +172,24 @@ def wall_split(t0: float, start: float, warm: float, end: float, done: float) ->
     -> the final summary), from epoch-second stamps."""
     parts = {"startup": start - t0, "warmup": warm - start, "measured": end - warm, "teardown": done - end}
     return {k: round(v, 3) for k, v in parts.items()} | {"total": round(done - t0, 3)}
+
+
+def throughput_of(d: dict, step_ms: float | None = None) -> dict:
+    """A train summary's work per step and, at its median step (or `step_ms`: a predicted one), tokens/s, samples/s
+    (the job's and a GPU's), TFLOP/s a GPU and MFU. A simulated rank's step is its own compute, collectives unpriced:
+    `basis` says so (the report prices them)."""
+    from flux_cp.config import DataConfig, ModelConfig
+    from flux_cp.measure.flops import model_flops, peak_flops, throughput
+
+    cfg = d["config"]
+    model, data = ModelConfig(**cfg["model"]), DataConfig(**cfg["data"])
+    if step_ms is None:
+        step_ms = ((d.get("metrics") or {}).get("step_ms") or {}).get("median")
+    peak, peak_source = peak_flops(d.get("env", {}).get("device"), cfg["run"].get("precision", "bf16-true"))
+    samples = d.get("dp", 1) * data.batch_size  # the global batch: each data-parallel group its own samples
+    out = throughput(step_ms, d.get("world_size", 1), samples, data.seq_len, model_flops(model, data)["total"], peak)
+    basis = "a simulated rank's compute, collectives not priced" if d.get("collectives") == "fake" else "measured"
+    return out | {"peak_flops": peak, "peak_source": peak_source, "basis": basis, "step_ms": step_ms}
 
 
 def pooled_overhead(lit: list[float], bare: list[float], resamples: int = 2000) -> tuple[float, list[float]]:
@@ -297,6 +324,8 @@ class RunSummary:
             d["profile"] = {**d["profile"], "fidelity": fid}
         if len(self.per_step.get("step_ms", [])) >= 2:
             d["steadiness"] = steadiness(self.per_step["step_ms"])
+        if "config" in d:
+            d["throughput"] = throughput_of(d)
         if "compile" in d and "compile_s" in derived and d["compile"].get("enabled"):
             d["compile"] = {**d["compile"], "compile_s": derived["compile_s"]}
         d["per_step"] = self.per_step

@@ -64,7 +64,7 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     m = d["metrics"]["step_ms"]
     w = world(d)
     simulated = d.get("simulate") or d.get("simulate_world")
-    line = f"W={w}{' (simulated)' if simulated else ''}: step {_ms(m['median'])} ms"
+    line = f"W={w}{' (simulated)' if simulated else ''}: step {_ms(m['median'])} ms{_work(d)}"
     cf = d["config"].get("config_file")
     if cf and Path(cf).resolve() not in (CPU_DEFAULT, GPU_DEFAULT):  # else: the default here, left out
         rel = os.path.relpath(cf)
@@ -97,6 +97,16 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     if m["median"] > 0 and (m["max"] - m["min"]) / m["median"] > NOISY:
         line += f", noisy: {_ms(m['min'])}-{_ms(m['max'])} ms"
     return line, f"next: {nxt}"
+
+
+def _work(d: dict) -> str:
+    """", 21.3k tokens/s a GPU, MFU 41%": work done at the median step, the unit plans compare in."""
+    t = d.get("throughput") or {}
+    tok = t.get("throughput/device/items_per_sec")
+    if tok is None:
+        return ""
+    mfu = t.get("throughput/device/mfu")
+    return f" ({tok:,.0f} tokens/s a GPU" + (f", MFU {mfu:.0%}" if mfu is not None else "") + ")"
 
 
 def ops_verdict(d: dict, roots: list[Path]) -> tuple[str, str]:

@@ -1,0 +1,72 @@
+"""Model FLOPs from the shapes, and throughput and MFU from a step time: the units plans are compared in.
+
+    f = model_flops(cfg.model, cfg.data)            # one sample's forward: {"gemm", "attention", "total"}
+    t = throughput(step_ms=50.9, world=1, samples=1, seq_len=4608, fwd_flops=f["total"], peak=peak_flops("H200"))
+
+Counted per sample, forward (multiply-adds x 2), d = hidden, S = image + text tokens, r = single blocks' MLP ratio:
+    double block   every token: q,k,v (3 d^2), out (d^2), MLP 4d (8 d^2)       = (4 + 2 x 4) d^2 MACs (diffusers'
+                   FluxTransformerBlock has a fixed 4x MLP); its two AdaLN modulations 2 x 6 d^2 once per sample
+    single block   every token: q,k,v (3 d^2), MLP in (r d^2), out ((1 + r) d^2) = (4 + 2 r) d^2 MACs; 3 d^2 a sample
+    attention      Q K^T and P V over all heads: 2 S^2 d MACs a block (non-causal: the whole square)
+    embedders      image (C d) and text (Dt d) tokens in, C d out; the timestep and pooled-text MLPs, the output norm
+Training = 3 x forward (backward: a gradient for the input and one for the weight of every GEMM), the convention of
+MFU (PaLM, torchtitan). Elementwise work (norms, RoPE, softmax, GELU) is not counted: it is memory-bound, and MFU
+asks how much of the tensor cores' peak the model's necessary matrix work uses.
+"""
+
+from flux_cp.config import DataConfig, ModelConfig
+
+# Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, by the name CUDA gives the device. Not Lightning's
+# get_available_flops: its H200 entry (2.0e15) is the datasheet's with-sparsity figure, twice the dense one.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
+                    "B200": 2250.0, "L40S": 362.0, "A10G": 70.0}
+TIMESTEP_CHANNELS = 256  # diffusers' Timesteps(num_channels=256) in CombinedTimestepTextProjEmbeddings
+
+
+def model_flops(model: ModelConfig, data: DataConfig, seq_len: int | None = None) -> dict:
+    """One sample's forward FLOPs by part ({"gemm", "attention", "total"}); seq_len: another length, the image
+    tokens taking the difference (the text stays data.text_tokens)."""
+    d, r = model.hidden, model.mlp_ratio
+    S = seq_len or data.seq_len
+    St = data.text_tokens
+    Si = S - St
+    per_sample = (TIMESTEP_CHANNELS * d + d * d) + (model.pooled_dim * d + d * d)  # timestep and pooled MLPs
+    per_sample += model.double_blocks * 2 * 6 * d * d + model.single_blocks * 3 * d * d + 2 * d * d  # modulations
+    per_token = model.double_blocks * (4 + 2 * 4) * d * d + model.single_blocks * (4 + 2 * r) * d * d
+    embed = Si * model.in_channels * d + St * model.text_dim * d + Si * d * model.in_channels
+    gemm = 2 * (per_sample + S * per_token + embed)
+    attention = 2 * (model.double_blocks + model.single_blocks) * 2 * S * S * d
+    return {"gemm": float(gemm), "attention": float(attention), "total": float(gemm + attention)}
+
+
+def peak_flops(device_name: str | None, precision: str = "bf16-true") -> tuple[float | None, str]:
+    """(dense peak FLOP/s, where it comes from) for this device and precision; None where not known."""
+    if precision != "bf16-true":
+        return None, f"no peak for {precision}: MFU is against the dense bf16 tensor-core peak"
+    name = (device_name or "").upper()
+    for key, tflops in PEAK_BF16_TFLOPS.items():  # longest names first in the table where they share a prefix
+        if key.upper() in name:
+            return tflops * 1e12, f"{key} dense bf16 peak, {tflops:g} TFLOP/s"
+    return None, f"unknown device {device_name!r}: no dense bf16 peak on record (MFU not computed)"
+
+
+def throughput(step_ms: float | None, world: int, samples: int, seq_len: int, fwd_flops: float,
+               peak: float | None) -> dict:
+    """Work per second at one optimizer step of `samples` samples (the global batch) over `world` GPUs.
+    Named as Lightning's ThroughputMonitor names them (throughput/... and throughput/device/...)."""
+    flops = 3.0 * fwd_flops * samples
+    out = {"samples_per_step": samples, "tokens_per_step": samples * seq_len, "model_flops_per_step": flops}
+    if not step_ms:
+        return out
+    s = step_ms / 1e3
+    out |= {
+        "throughput/samples_per_sec": samples / s,
+        "throughput/items_per_sec": samples * seq_len / s,  # tokens
+        "throughput/flops_per_sec": flops / s,
+        "throughput/device/samples_per_sec": samples / s / world,
+        "throughput/device/items_per_sec": samples * seq_len / s / world,
+        "throughput/device/flops_per_sec": flops / s / world,
+    }
+    if peak:
+        out["throughput/device/mfu"] = flops / s / world / peak
+    return out

@@ -1,0 +1,99 @@
+"""Model FLOPs (flux_cp/measure/flops.py) against an independent count: torch's FlopCounterMode over the real model's
+forward and backward, with SDPA computed as explicit matmuls so that its FLOPs are counted on CPU too (the CPU SDPA
+kernel is invisible to the counter); throughput and MFU from a step time."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from flux_cp.config import parse_config
+from flux_cp.data import make_batch
+from flux_cp.measure.flops import model_flops, peak_flops, throughput
+from flux_cp.model import FluxDiT, image_ids, text_ids
+
+from .conftest import TINY
+
+
+class _MatmulAttention(TorchFunctionMode):
+    """F.scaled_dot_product_attention as Q K^T, softmax, P V: the matmuls FlopCounterMode counts."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            q, k, v = [*args, *(kwargs[n] for n in ("query", "key", "value") if n in kwargs)][:3]
+            p = torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1)  # (B, H, S, S)
+            return p @ v  # (B, H, S, D)
+        return func(*args, **kwargs)
+
+
+def _counted(cfg, backward: bool) -> int:
+    torch.manual_seed(0)
+    model = FluxDiT(cfg.model)
+    b = make_batch(cfg.data, cfg.model, 0)
+    rope = model.rope(text_ids(cfg.data.text_tokens), image_ids(cfg.data.image_height, cfg.data.image_width))
+    with FlopCounterMode(display=False) as fc, _MatmulAttention():
+        pred = model(b["x_t"], b["text"], b["pooled"], b["t"], rope)
+        if backward:
+            pred.float().pow(2).mean().backward()
+    return fc.get_total_flops()
+
+
+@pytest.mark.parametrize("overrides", [[], ["--model.mlp_ratio", "2", "--data.text_tokens", "16"],
+                                       ["--model.double_blocks", "1", "--model.single_blocks", "3"]])
+def test_forward_flops_equal_an_independent_count(overrides):
+    cfg = parse_config(["--config", str(TINY), *overrides], cuda_available=False)
+    counted = _counted(cfg, backward=False)
+    assert model_flops(cfg.model, cfg.data)["total"] == pytest.approx(counted, rel=0.02)
+
+
+def test_a_training_step_is_three_forwards():
+    """Backward = 2 x forward, but for the input gradients nobody asks for (the embedders' inputs are data)."""
+    cfg = parse_config(["--config", str(TINY)], cuda_available=False)
+    assert 3 * model_flops(cfg.model, cfg.data)["total"] == pytest.approx(_counted(cfg, backward=True), rel=0.02)
+
+
+def test_attention_grows_with_the_square_of_the_sequence():
+    cfg = parse_config(["--config", str(TINY)], cuda_available=False)
+    a, b = (model_flops(cfg.model, cfg.data, seq_len=s) for s in (1024, 2048))
+    assert b["attention"] == 4 * a["attention"] and b["gemm"] < 2.01 * a["gemm"]
+
+
+def test_flux_dims_match_the_weights_of_the_real_model():
+    """Flux.1's 19 + 38 blocks at 4608 tokens (built on the meta device: no memory): every Linear costs its weight's
+    size in multiply-adds for each token it sees (a double block's text-stream weights see the text tokens, its image
+    weights the image tokens, a single block's all of them); the AdaLN modulations, a quarter of the 12 B
+    parameters, run once a sample. Attention is 4 S^2 d a block."""
+    cfg = parse_config(["--config", "configs/flux_4608.yaml", "--model.double_blocks", "19",
+                        "--model.single_blocks", "38"], cuda_available=False)
+    St, S = cfg.data.text_tokens, cfg.data.seq_len
+    with torch.device("meta"):
+        model = FluxDiT(cfg.model)
+    per_sample = {id(m) for m in model.conditioning_linears()} | {id(m) for m in model.time_text_embed.modules()}
+
+    def tokens(name: str) -> int:
+        if name.startswith("single_blocks"):
+            return S
+        text = name.startswith("context_embedder") or (name.startswith("double_blocks") and
+                                                        any(k in name for k in ("context", "add")))
+        return St if text else S - St
+
+    macs = sum(m.weight.numel() * tokens(n) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and id(m) not in per_sample)
+    assert 11.5e9 < sum(p.numel() for p in model.parameters()) < 12.5e9
+    f = model_flops(cfg.model, cfg.data)
+    assert f["attention"] == 57 * 4 * S * S * cfg.model.hidden
+    assert f["gemm"] == pytest.approx(2 * macs, rel=0.01)
+
+
+def test_throughput_and_mfu_from_a_step():
+    peak, src = peak_flops("NVIDIA H200")
+    assert peak == 989e12 and "dense" in src
+    assert peak_flops("NVIDIA H100 80GB HBM3")[0] == 989e12 and peak_flops("NVIDIA H100 PCIe")[0] == 756e12
+    assert peak_flops("cpu")[0] is None and peak_flops("NVIDIA H200", "32-true")[0] is None
+    t = throughput(step_ms=100.0, world=4, samples=8, seq_len=4608, fwd_flops=1e12, peak=989e12)
+    assert t["throughput/items_per_sec"] == pytest.approx(8 * 4608 / 0.1)
+    assert t["throughput/device/items_per_sec"] == pytest.approx(8 * 4608 / 0.1 / 4)
+    assert t["throughput/device/mfu"] == pytest.approx(3e12 * 8 / 0.1 / 4 / 989e12)
+    assert "throughput/device/mfu" not in throughput(100.0, 1, 1, 10, 1.0, None)

@@ -1,0 +1,62 @@
+"""What wandb holds of a run, read back from the offline run's own file (tests/wandb_records.py): the summary as
+summary.json has it (the median under the metric's own name, min/max/n beside it: wandb's run table ranks runs by
+it), warm-up steps out of the measured series, every row on a time axis, keys to filter runs by."""
+
+import json
+
+import pytest
+
+from .conftest import TINY, bench
+from .wandb_records import history, run_info
+
+WARMUP, STEPS = 2, 6
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wandb")
+    r = bench("--config", TINY, "--steps", STEPS, "--warmup-steps", WARMUP, "--regions-every", 2,
+              "--wandb-mode", "offline", "--output", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (f,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    return json.loads((out / "summary.json").read_text()), run_info(f), history(f)
+
+
+def test_the_summary_is_summary_json_s(offline_run):
+    d, info, _ = offline_run
+    s = info["summary"]
+    names = ["step_ms", "host_ms", "step_timed_ms", "sdpa_fwd_ms", "sdpa_bwd_ms", "qkv_gemm_fwd_ms", "qkv_gemm_bwd_ms"]
+    for name in names:
+        m = d["metrics"][name]
+        assert s[name] == pytest.approx(m["median"]) and s[f"{name}/n"] == m["n"], name
+        assert (s[f"{name}/min"], s[f"{name}/max"]) == pytest.approx((m["min"], m["max"])), name
+    t = d["throughput"]
+    for key in ("throughput/device/items_per_sec", "throughput/device/samples_per_sec", "throughput/items_per_sec"):
+        assert s[key] == pytest.approx(t[key])
+    assert t["throughput/device/items_per_sec"] == pytest.approx(144 / (d["metrics"]["step_ms"]["median"] / 1e3))
+
+
+def test_warmup_steps_are_out_of_the_measured_series(offline_run):
+    d, _, rows = offline_run
+    warm = [r for r in rows if r["trainer/global_step"] < WARMUP]
+    measured = [r for r in rows if r["trainer/global_step"] >= WARMUP]
+    assert len(warm) == WARMUP and len(measured) == STEPS
+    assert all("step_ms" not in r and "warmup/step_ms" in r for r in warm)
+    assert sorted(r["step_ms"] for r in measured if "step_ms" in r) == sorted(d["per_step"]["step_ms"])
+    assert all("loss" in r for r in rows)  # the loss curve keeps every step
+
+
+def test_rows_carry_their_steps_own_time(offline_run):
+    _, _, rows = offline_run
+    t = [r["elapsed_s"] for r in rows]
+    assert all(b > a for a, b in zip(t, t[1:]))
+    plain = [r for r in rows if "step_ms" in r]
+    assert all(r["throughput/device/items_per_sec"] == pytest.approx(144e3 / r["step_ms"]) for r in plain)
+
+
+def test_runs_are_named_uniquely_and_filter_by_their_configuration(offline_run):
+    d, info, _ = offline_run
+    assert info["name"].startswith(d["run_name"] + "-") and info["name"] != d["run_name"]
+    c = info["config"]
+    assert (c["W"], c["cp"], c["dp"], c["weights"], c["batch"], c["S"]) == (1, "none", 1, "ddp", 1, 144)
+    assert c["compile"] is False and c["step_graph"] is False and c["harness"] == "lightning"
