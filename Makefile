@@ -6,13 +6,15 @@ BIN = $(VENV)/bin
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q --retries 1 --timeout 10 "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu || $(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -qq --upgrade pip
+	# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build. A wheel already on disk
+	# (pip's find-links) first, without asking any index; else PyTorch's CPU index.
+	$(BIN)/pip install -qq --no-index "torch==2.13.0" 2>/dev/null || \
+		$(BIN)/pip install -qq "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 
 # the project and its dependencies, again whenever pyproject.toml changes (an older .venv gets what is new)
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -qq -e ".[dev]"  # -qq: a machine's unused extra indexes would warn for every package
 	touch $@
 
 setup: $(VENV)/.installed
@@ -22,10 +24,10 @@ bench: setup
 
 test: setup  # the CPU tests but the slow fault and sweep cases (CI runs both sets: .ci/run); two workers, a test
 	# file each (its module fixtures run once): most tests wait on single-threaded start-ups of train_bench processes
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow" $(ARGS)
 
 test-slow: setup  # hung and killed ranks, a sweep's out-of-memory run and resume
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

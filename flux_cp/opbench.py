@@ -447,7 +447,8 @@ def log_wandb(cfg: BenchConfig, d: dict, out: Path) -> None:
     data = [[*(r[c] for c in cols[:7]), r["device_ms"]["median"], (r["host_ms"] or {}).get("median"), r["tflops"]]
             for r in d["ops"]]
     run.log({"ops": wandb.Table(columns=cols, data=data)})
-    for name, m in d["metrics"].items():  # as a train run's: the median under the metric's own name (run table)
+    # as a train run's: the median under the metric's own name (wandb's run table), min/max/n beside it
+    for name, m in ((k, m) for k, m in d["metrics"].items() if m):
         run.summary.update({name: m["median"], f"{name}/min": m["min"], f"{name}/max": m["max"], f"{name}/n": m["n"]})
     if d["peak_tflops"]:
         run.summary["peak_tflops"] = d["peak_tflops"]

@@ -60,3 +60,29 @@ def test_runs_are_named_uniquely_and_filter_by_their_configuration(offline_run):
     c = info["config"]
     assert (c["W"], c["cp"], c["dp"], c["weights"], c["batch"], c["S"]) == (1, "none", 1, "ddp", 1, 144)
     assert c["compile"] is False and c["step_graph"] is False and c["harness"] == "lightning"
+
+
+def test_the_dashboards_panels_name_only_what_the_runs_logged(offline_run, tmp_path):
+    """The wandb Report's panels (built offline: nothing is saved) plot keys that the runs' wandb files hold: every
+    line plot's x and y in the history rows, every bar plot's metric in the run summary."""
+    import shutil
+
+    import wandb_workspaces.reports.v2 as wr
+
+    from flux_cp.report.runs import discover
+    from flux_cp.report.wandb_out import dashboard_panels
+
+    d, info, rows = offline_run
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(d))
+    runs, _ = discover(tmp_path)
+    panels = dashboard_panels(wr, runs)
+    logged = {k for r in rows for k in r}
+    assert {type(p).__name__ for p in panels} == {"LinePlot", "BarPlot"}
+    for p in panels:
+        if isinstance(p, wr.LinePlot):
+            assert p.x in logged and set(p.y) <= logged, (p.title, p.y)
+        else:
+            assert set(p.metrics) <= set(info["summary"]), (p.title, p.metrics)
+    assert any("throughput/device/items_per_sec" in getattr(p, "metrics", []) for p in panels)
+    shutil.rmtree(tmp_path / "run")

@@ -66,11 +66,42 @@ def wandb_report(report: Report, mode: str, run_dir: Path | None) -> str:
         wr.H1(text=f"flux-cp report: group {grp}"),
         wr.P(text=" ".join(_intro(report))),
         *[wr.P(text=f"{c.id} {c.title}: " + " | ".join(r.a["verdict"] for r in c.rows)) for c in report.configs],
-        wr.PanelGrid(runsets=[runset], panels=[
-            wr.LinePlot(x="Step", y=["step_ms"]),
-            wr.LinePlot(x="Step", y=[f"{op}_ms" for op in OPS]),
-            wr.BarPlot(metrics=["step_ms/median"]),
-        ]),
+        wr.PanelGrid(runsets=[runset], panels=dashboard_panels(wr, report.runs)),
     ]
     rep.save()
     return f"wandb Report: {rep.url}"
+
+
+def dashboard_metrics(runs) -> dict[str, list[str]]:
+    """The metrics the Report's panels plot, by panel, named as the train runs logged them (callbacks/timing.py:
+    each metric's median under its own name in the run summary, per-step rows with `elapsed_s`): only those the runs
+    have, so that no panel is empty."""
+    have = set()
+    for r in runs:
+        if r.d.get("mode") == "train":
+            have |= set(r.d.get("metrics", {}))
+            t = r.d.get("throughput") or {}
+            have |= {k for k, v in t.items() if k.startswith("throughput/") and v is not None}
+    panels = {
+        "step": ["step_ms"],
+        "ops": [f"{op}_ms" for op in OPS],
+        "throughput": ["throughput/device/items_per_sec"],
+        "mfu": ["throughput/device/mfu"],
+    }
+    return {k: [m for m in v if m in have] for k, v in panels.items() if any(m in have for m in v)}
+
+
+def dashboard_panels(wr, runs) -> list:
+    """Step and op times over the run (x: the steps' own time, elapsed_s), and the runs ranked by their median step
+    and by tokens/s a GPU and MFU (bar plots read the run summary: the medians)."""
+    m = dashboard_metrics(runs)
+    out = []
+    if "step" in m:
+        out += [wr.LinePlot(title="step time, ms", x="elapsed_s", y=m["step"]), wr.BarPlot(title="median step, ms",
+                                                                                             metrics=m["step"])]
+    if "ops" in m:
+        out.append(wr.LinePlot(title="op regions inside the step, ms", x="elapsed_s", y=m["ops"]))
+    for key, title in (("throughput", "tokens/s a GPU"), ("mfu", "MFU (dense bf16 peak)")):
+        if key in m:
+            out.append(wr.BarPlot(title=title, metrics=m[key]))
+    return out
