@@ -6,6 +6,7 @@ import base64
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,20 @@ def expected_prediction(d, W, link):
     if (d.get("comm") or {}).get("ledger"):
         return predict_ledger(d["comm"]["ledger"], link, step_ms=step)
     return predict(*approximate_ledger(d, W, step_ms=step), link)
+
+
+def table_widths(md: str, html: str) -> list[int]:
+    """The number of columns of every table row in report.md (cells between unescaped bars) and of every header
+    and data row in report.html."""
+    widths = [len(re.split(r"(?<!\\)\|", ln.strip())) - 2 for ln in md.splitlines() if ln.lstrip().startswith("|")]
+    widths += [len(re.findall(r"<t[hd][ >]", tr)) for tr in re.findall(r"<tr>(.*?)</tr>", html, re.S)]
+    return widths
+
+
+def assert_narrow(md: str, html: str):
+    """Issue 38: no table in report.md or report.html wider than 8 columns (a wider one is split)."""
+    widths = table_widths(md, html)
+    assert widths and max(widths) <= 8, sorted(set(widths))
 
 
 def report_cli(*args):
@@ -238,6 +253,30 @@ def test_wandb_report_run_offline(built):
     assert len(runs) == 1 and runs[0].stat().st_size > 0
     assert len(list(runs[0].parent.glob("files/media/images/**/*.png"))) == len(list(built["out"].glob("*.png"))) - 1
     assert "wandb sync" in built["cli"].stderr and "--wandb-mode online --wandb-report" in built["cli"].stderr
+
+
+def test_tables_are_narrow_and_report_json_keeps_every_column(built):
+    """report.md and report.html: every table at most 8 columns; report.json: the fields the wide tables showed
+    (a configuration's step table: run, step, spread, speedups, Amdahl, isolated prediction, residual, comm source;
+    the reconciliation's: prediction, bounds, basis, measurement, error, waterfall, isolated speedups)."""
+    assert_narrow(built["md"], (built["out"] / "report.html").read_text())
+    for c in built["json"]["configurations"]:
+        for r in c["rows"]:
+            assert {"W", "run", "simulated", "rank", "step_ms", "step_spread_ms", "step_spread_kind", "loop_ms",
+                    "comm_source", "parts_ms", "shares", "idle_source", "call_ms", "isolated_call_ms",
+                    "prediction"} <= set(r)
+            if "speedup" in r:
+                assert {"projected_step", "loop", "bounds"} <= set(r["speedup"])
+                assert {"predicted_speedup", "isolated_predicted_speedup", "residual_ms", "residual",
+                        "residual_named"} <= set(r["amdahl"])
+                assert {"speedup_instep", "speedup_isolated", "speedup_parts", "noise"} <= set(r)
+    for r in built["json"]["reconcile"]["rows"]:
+        assert {"W", "predicted_speedup", "bounds", "predicted_ms", "basis", "measured_speedup", "measured_run",
+                "error_pct", "waterfall_ms", "isolated", "run"} <= set(r)
+    # the sections by what they say: the verdict first, then the method, the sections, each configuration
+    md = built["md"]
+    assert md.index("## Verdict") < md.index("## Method") < md.index("## Reconciling") < md.index('<a id="c1">')
+    assert "## c1" not in md and "[" in md[md.index("## Method"):md.index("## Regimes")]  # titles, ids as anchors
 
 
 def test_simulated_run_adds_predicted_comm(built):

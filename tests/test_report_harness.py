@@ -17,6 +17,7 @@ from flux_cp.runs.results import stats
 from flux_cp.runs.verdict import verdict
 
 from .conftest import ROOT
+from .test_report import assert_narrow
 
 TEMPLATES = ROOT / "docs" / "archive" / "2026-12-03-cpu-prediction" / "runs.tar.xz"  # runs/<name>/summary.json
 W1, W2 = "w1-none-r0", "real-w2-allgather-kv-ddp-r0"
@@ -137,13 +138,25 @@ def test_bare_runs_are_their_own_configurations(built):
 def test_markdown_and_html_carry_the_table(built):
     md = built["md"]
     assert "## Harness overhead against the bare loop" in md
-    lines = [ln for ln in md.splitlines() if ln.startswith("| c") and "lit-w" in ln]
-    assert len(lines) == 2
-    w1, w2 = sorted(lines, key=lambda ln: ln.split(" | ")[2])
-    assert f"{100 * (med('lit-w1') / med('bare-w1') - 1):+.1f}%" in w1 and "within 3% (noisy: not significant)" in w1
-    assert f"{100 * (med('lit-w2') / med('bare-w2') - 1):+.1f}%" in w2 and "| over 3% |" in w2
+    # two tables, rows tied by #: the overheads (strategy, W, steps, overhead, spread, target), then the runs
+    section = md[md.index("## Harness overhead"):md.index("\n## ", md.index("## Harness overhead"))]
+    rows = [ln.split(" | ") for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    steps = {r[0]: r for r in rows if len(r) == 8}
+    runs = {r[0]: r for r in rows if len(r) == 5}
+    assert len(steps) == len(runs) == 2
+    w1, w2 = sorted(steps.values(), key=lambda r: r[2])
+    assert f"{100 * (med('lit-w1') / med('bare-w1') - 1):+.1f}%" in w1 and "within 3% (noisy: not significant)" in w1[7]
+    assert f"{100 * (med('lit-w2') / med('bare-w2') - 1):+.1f}%" in w2 and w2[7] == "over 3% |"
+    for r in (w1, w2):  # the same # in the runs table: the twins' paths and the configurations' anchors
+        lit, bare = runs[r[0]][3], runs[r[0]][4].rstrip(" |")
+        assert lit == f"lit-w{r[2]}/summary.json" and bare == f"bare-w{r[2]}/summary.json"
+        assert runs[r[0]][1].startswith("[c") and "](#c" in runs[r[0]][1]
     assert "Bare runs with no Lightning twin among the rows (1): bare-w2-ulysses/summary.json (W=2)" in md
     assert "<h2>Harness overhead against the bare loop</h2>" in built["html"]
+    assert_narrow(md, built["html"])  # the 11 columns in two tables; report.json keeps each row whole
+    for r in built["json"]["harness"]["rows"]:
+        assert {"configs", "strategy", "W", "lightning_step_ms", "bare_step_ms", "overhead_pct", "noise",
+                "within_target", "noisy", "loop_overhead_pct", "lightning_run", "bare_run"} <= set(r)
     printed = [ln for ln in verdict_lines(built["report"]) if ln.startswith("harness ")]
     assert len(printed) == 2 and "over 3%" in printed[1]
 

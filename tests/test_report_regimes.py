@@ -18,6 +18,7 @@ from flux_cp.report.regimes import recipe_for, verdict
 from flux_cp.runs.results import stats
 
 from .conftest import ROOT
+from .test_report import assert_narrow
 
 CALL1 = ROOT / "docs" / "archive" / "2026-12-03-h200-harness" / "call1"
 SIM = {2: CALL1 / "flux_harness" / "simulate_world-2_harness-bare",
@@ -123,7 +124,8 @@ def built(tmp_path_factory):
     report = build(root, link=LINK)
     paths = write_report(report, root / "report")
     return {"root": root, "report": report, "json": json.loads(paths["json"].read_text()),
-            "md": paths["md"].read_text(), "sims": sims, "pred": pred, "base": base, "lit": (lit, lit2)}
+            "md": paths["md"].read_text(), "html": paths["html"].read_text(), "sims": sims, "pred": pred,
+            "base": base, "lit": (lit, lit2)}
 
 
 def regimes_section(md: str) -> str:
@@ -208,6 +210,116 @@ def test_verdicts_come_from_the_runs(built):
         assert r["mechanism"].startswith(r["baseline"]["kind"]) and "W=1 step" in r["mechanism"]
 
 
+def section(md: str, head: str) -> str:
+    start = md.index(head)
+    return md[start:md.index("\n## ", start + 1)]
+
+
+def test_one_voice_the_verdict_the_regime_table_and_the_reconciliation(built):
+    """Issue 40: the report opens with the regime table's verdict (the regime that reproduces the 1.66x), and the
+    reconciliation divides by that regime's W=1 step and states the table's speedups, not a figure of its own."""
+    j, md = built["json"], built["md"]
+    h, summary = j["headline"], j["regime_summary"]
+    first = rid(CUDNN, 1)  # the first regime of the table that reproduces (the Lightning one, row 8, does too)
+    assert (h["source"], h["regime"], h["number"], h["why"]) == ("regimes", first, 1, "reproduces")
+    s = summary[first]
+    assert h["speedups"] == s["speedups"] and h["verdict"] == s["verdict"] == "reproduces"
+    assert [x["regime"] for x in h["reproducing"]] == [rid(CUDNN, 1, sync="lightning (SIGTERM sync every step)")]
+    rec = j["reconcile"]
+    assert rec["baseline"]["regime"] == first and rec["baseline"]["run"] == s["baseline"]["run"] == "w1-b1-cudnn"
+    assert rec["baseline_ms"] == s["baseline"]["step_ms"]
+    assert {str(r["W"]): r["speedup"] for r in rec["rows"]} == s["speedups"]
+    for r in rec["rows"]:  # the regime's cells, priced the same way: the same numbers
+        cell = next(c for c in j["regimes"] if c["regime"] == first and c["W"] == r["W"])
+        assert r["run"] == cell["run"] and r["predicted_speedup"] == pytest.approx(cell["speedup"], rel=1e-12)
+    # the markdown: the opening, the table's row 1 and the reconciliation print the same figure and name regime 1
+    w2 = f"{s['speedups']['2']:.2f}x"
+    opening, table, recon = section(md, "## Verdict"), regimes_section(md), section(md, "## Reconciling")
+    assert "reproduced by regime 1** of the [regime table](#regimes)" in opening and f"{w2} at W=2" in opening
+    assert f"| 1 | {w2} (" in table and "| 1 | plain W=1, cudnn (*), " in table
+    assert "divides by the W=1 step of regime 1 of the regime table, plain W=1, cudnn (w1-b1-cudnn" in recon
+    assert f"{w2} at W=2" in recon and "from the prediction" not in recon
+    # what to run: the opening's pick is the regime table's, with the command that runs it
+    for w, b in h["best"].items():
+        assert b["run"] == s["best"][w]["run"] and b["speedup"] == s["best"][w]["speedup"]
+        assert b["command"].startswith("python scripts/train_bench.py ") and b["command"].endswith(f"--devices {w}")
+        assert f"`{b['command']}`" in opening
+    assert h["best"]["2"]["speedup"] > s["speedups"]["2"] and "**pays**" in opening
+
+
+def test_tables_are_narrow_and_report_json_keeps_every_column(built):
+    """Issue 38: no table in report.md or report.html wider than 8 columns; report.json keeps what the wide regime
+    and lever tables showed."""
+    assert_narrow(built["md"], built["html"])
+    for s in built["json"]["regime_summary"].values():
+        assert {"baseline", "batch", "depth", "compile", "lightning_sync", "host", "host_op_us", "speedups", "bounds",
+                "basis", "verdict", "reason", "mechanism", "kernel_note"} <= set(s)
+        assert {"kind", "sdpa_kernel", "step_ms", "run"} <= set(s["baseline"])
+    assert built["json"]["levers"]
+    for r in built["json"]["levers"]:
+        assert {"lever", "strategy", "build", "W", "before", "after", "step_ms", "predicted_step_ms", "change_pct",
+                "exposed_comm_ms", "peak_gib", "basis", "suite", "before_run", "after_run"} <= set(r)
+    for c in built["json"]["configurations"]:  # each titled by what it is, its id an anchor
+        assert f'<a id="{c["id"]}"></a>' in built["md"] and f"## {c['id']}:" not in built["md"]
+
+
+def test_no_regime_reproduces_the_verdict_names_the_closest(tmp_path):
+    """The issue's case: the plain cuDNN W=1 step gives 1.08x at W=2, the user's own W=1 step (context_parallel at
+    world size 1) 1.41x; none reproduces. The verdict says so and names the closest (the ring's, 1.41x); the
+    reconciliation divides by that regime's W=1 step and says 1.41x too, never 1.08x or a 1.66x verdict of its own."""
+    ring = put(tmp_path, "ring-w2", summary(SIM[2], "ring-w2", 80.0, sdpa_kernel="flash"))
+    p = predicted(ring, 2).predicted_ms
+    put(tmp_path, "w1-cudnn", summary(NONE_W1, "w1-cudnn", 1.08 * p, sdpa_kernel="cudnn"))
+    put(tmp_path, "w1-ring", summary(RING_W1, "w1-ring", 1.41 * p, sdpa_kernel="flash"))
+    report = build(tmp_path, link=LINK)
+    md = write_report(report, tmp_path / "report")["md"].read_text()
+    j = json.loads((tmp_path / "report" / "report.json").read_text())
+    h, summ = j["headline"], j["regime_summary"]
+    assert {s["verdict"] for s in summ.values()} == {"does not reproduce"}
+    assert (h["regime"], h["why"]) == (rid(RING, 1), "closest") and h["speedups"]["2"] == pytest.approx(1.41)
+    n = h["number"]
+    opening, recon = section(md, "## Verdict"), section(md, "## Reconciling")
+    assert f"**not reproduced by any regime** (2 does not reproduce); the closest at W=2 is regime {n}" in opening
+    assert "1.41x at W=2" in opening and f"against its W=1 step, {RING} (w1-ring" in opening
+    rec = j["reconcile"]
+    assert rec["baseline"]["run"] == "w1-ring" and rec["baseline"]["regime"] == h["regime"]
+    assert [r["speedup"] for r in rec["rows"]] == [summ[h["regime"]]["speedups"]["2"]]
+    assert f"divides by the W=1 step of regime {n} of the regime table, {RING} (w1-ring" in recon
+    assert "1.41x at W=2" in recon and "1.08x at W=2" not in recon and "from the prediction" not in recon
+    assert "no regime reproduces the 1.66x; this one is the closest at W=2" in recon
+
+
+def test_a_bare_loop_names_host_bound_time_only_where_it_records_it(tmp_path):
+    """Issue 40: a bare loop that records no device busy time says "host-bound share not recorded" (never files host
+    time as compute); one whose summaries carry device_busy_ms has its host-bound time named host-bound."""
+    def runs(folder, busy: dict | None):
+        ring = summary(SIM[2], "ring-w2", 80.0, sdpa_kernel="flash")
+        base = summary(NONE_W1, "w1", 120.0, sdpa_kernel="flash")
+        for d, frac in ((ring, (busy or {}).get(2)), (base, (busy or {}).get(1))):
+            if frac is not None:
+                vals = [frac * d["metrics"]["step_ms"]["median"]] * 8
+                d["metrics"]["device_busy_ms"], d["per_step"]["device_busy_ms"] = stats(vals), vals
+        put(tmp_path / folder, "ring-w2", ring)
+        put(tmp_path / folder, "w1", base)
+        report = build(tmp_path / folder, link=LINK)
+        write_report(report, tmp_path / folder / "report")
+        (s,) = report.regimes["summary"].values()
+        return s, report.reconcile, (tmp_path / folder / "report" / "report.md").read_text()
+
+    s, rec, md = runs("unrecorded", None)
+    assert "host-bound share not recorded" in s["mechanism"] and "host-bound (device idle)" not in s["mechanism"]
+    assert "non-scaling compute or host-bound (host-bound share not recorded" in s["mechanism"]
+    (r,) = rec["rows"]
+    assert not r["split"]["host"] and "| not recorded |" in section(md, "## Reconciling")
+    s, rec, md = runs("recorded", {1: 0.95, 2: 0.5})
+    (r,) = rec["rows"]
+    assert r["split"]["host"] and r["waterfall_ms"]["host-bound"] > 0
+    assert r["waterfall_ms"]["host-bound"] == pytest.approx(0.5 * 80.0 - 0.05 * 120.0 / 2)
+    assert "host-bound (device idle)" in s["mechanism"] and "not recorded" not in s["mechanism"]
+    assert "rank's device is busy 40 ms of its 80 ms step" in s["mechanism"] and ": host-bound;" in s["mechanism"]
+    assert "host-bound share not recorded" not in section(md, "## Reconciling")
+
+
 def test_a_baseline_of_another_kernel_says_so(built):
     got = cells(built)
     for (regime, _), c in got.items():
@@ -236,7 +348,8 @@ def test_markdown_figure_and_cli(built, capsys):
     md, out = built["md"], built["root"] / "report"
     assert "## Regimes: which W=1 baseline and which work per step give 1.66x" in md
     assert "## Reconciling the 1.66x" in md
-    assert md.index("## Reconciling the 1.66x") < md.index("## Regimes")
+    # the verdict, the method, the regimes, then the reconciliation of the regime the verdict names
+    assert md.index("## Verdict") < md.index("## Method") < md.index("## Regimes") < md.index("## Reconciling")
     assert "![regimes](regimes.png)" in md and (out / "regimes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     s = built["json"]["regime_summary"]
     c = s[rid(CUDNN, 1)]

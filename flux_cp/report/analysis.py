@@ -155,6 +155,10 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
         idle, idle_src = float(d["idle"]["device_idle_frac"]) * step, d["idle"].get("source", "events")
     elif prof.get("idle_frac") is not None:
         idle, idle_src = float(prof["idle_frac"]) * step, "profile"
+    elif (busy := run.metric("device_busy_ms")) is not None:  # a loop that times the device's busy time alone
+        idle, idle_src = max(0.0, step - busy), "device busy (events)"
+    elif (idle_ms := run.metric("device_idle_ms")) is not None:
+        idle, idle_src = idle_ms, "device idle (events)"
     else:
         idle, idle_src = None, "not measured"
     # A real multi-rank step contains its exposed comm (K/V inside the SDPA regions, gradient sync outside
@@ -347,10 +351,12 @@ class Report:
     harness: dict | None = None  # harness_overhead(): Lightning rows against their bare twins
     regimes: dict | None = None  # regimes.regimes(): the user's W >= 2 runs against every W=1 baseline kind
     levers: dict | None = None  # levers.levers(): pairs of runs of one call that differ in one lever's settings
+    headline: dict | None = None  # headline.headline(): the verdicts the report opens with
 
     def to_dict(self) -> dict:
         return {
             "root": str(self.root), "link": _link_dict(self.link), "cpu_link": _link_dict(self.cpu_link),
+            "headline": self.headline,
             "configurations": [{"id": c.id, "title": c.title, "key": c.key, "strategy": c.strategy, "notes": c.notes,
                                 "rows": [{"baseline": r.baseline, **r.a} for r in c.rows]} for c in self.configs],
             "reconcile": self.reconcile,

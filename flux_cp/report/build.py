@@ -7,6 +7,7 @@ from flux_cp.predict import links
 
 from .analysis import Report, analyse, borrow_ledgers
 from .harness import harness_overhead
+from .headline import headline
 from .levers import levers
 from .reconcile import reconcile
 from .regimes import regimes
@@ -15,9 +16,8 @@ from .runs import ReportError, Skipped, _first_line, discover, group, isolated_r
 
 def build(root: Path, link=None, cpu_link=None,
           user: str = "torch(allgather)") -> Report:
-    """Discover, group, analyse; then the reconciliation section for the user's strategy."""
-
-
+    """Discover, group, analyse; then the sections that read across configurations: the regimes first, the verdict
+    and the reconciliation from them (the user's strategy: `user`), the harness's cost, the levers."""
     root = Path(root)
     if not root.is_dir():
         raise ReportError(f"RUNS_DIR {root}: not a directory (give the folder holding the runs' summary.json)")
@@ -36,8 +36,9 @@ def build(root: Path, link=None, cpu_link=None,
             why = f"could not analyse configuration {c.title} ({type(e).__name__}: {_first_line(e)})"
             skipped += [Skipped(r.run.path, "skipped", why) for r in c.rows]
     rep = Report(root, link, cpu_link, configs, runs, skipped, iso)
+    rep.regimes = regimes(rep)  # first: the headline and the reconciliation speak with its figures
+    rep.headline = headline(rep)
     rep.reconcile = reconcile(rep, user)
     rep.harness = harness_overhead(configs, runs)
-    rep.regimes = regimes(rep)
     rep.levers = levers(rep)
     return rep

@@ -141,7 +141,7 @@ def reconcile_figure(rec: dict | None, out: Path) -> list[Path]:
         ax.plot(*zip(*sorted(xy)), marker=m, ls=ls, lw=1, alpha=0.8, label=lab)
     ax.set_xticks(sorted({1, *ws, *[a["W"] for a in rec["alternatives"]]}))
     ax.set_xlabel("W")
-    ax.set_ylabel("speedup vs the eager W=1 step")
+    ax.set_ylabel(f"speedup vs the W=1 step ({(rec.get('baseline') or {}).get('kind', 'plain W=1')})")
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title(f"speedup vs W ({basis})", fontsize=9)
     # waterfall: each W a group of floating bars from 0 to the ideal, then each loss, ending at the prediction
