@@ -107,8 +107,7 @@ def levers(report) -> dict:
 
 def _build(run: Run, compile_label) -> str:
     """How the base run's step was built: eager or compiled (mode), and under the step graph or not."""
-    s = _settings(run)
-    return compile_label(s) + (", step graph" if s.get("step_graph") else "")
+    return compile_label(_settings(run))
 
 
 def _suite(root, run: Run) -> str:

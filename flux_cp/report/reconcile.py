@@ -231,6 +231,12 @@ def _alternatives(configs: list[Config], mine: list[Config], base: dict) -> list
     return sorted(out, key=lambda x: (x["W"], -x["speedup"]))
 
 
+def _who(a: dict) -> str:
+    """A configuration by its strategy and build: "ulysses, compiled (default)"; a key's "off" says compile off."""
+    c = a["compile"]
+    return f"{a['strategy']}, {c}" if c.startswith(("eager", "compiled")) else f"{a['strategy']} (compile {c})"
+
+
 def _speedup(r: dict) -> float:
     """A row's speedup as the report states it: the regime table's (measured where a real run exists), else the
     prediction."""
@@ -312,7 +318,7 @@ def _answer(s: dict) -> list[str]:
         if a["W"] not in best or a["speedup"] > best[a["W"]]["speedup"]:
             best[a["W"]] = a
     mine = {w: _speedup(r) for w, r in rows.items()}
-    better = [f"{a['strategy']} (compile {a['compile']}) {a['speedup']:.2f}x at W={w}"
+    better = [f"{_who(a)}: {a['speedup']:.2f}x at W={w}"
               for w, a in sorted(best.items()) if a["speedup"] > mine.get(w, 0)]
     out.append("Better configurations, against the same W=1 step: " + "; ".join(better) + "." if better else
                "No other configuration here does better.")
@@ -327,7 +333,7 @@ def target_lines(s: dict) -> list[str]:
     refs = {k: v for k, v in s["w1"].items() if v}
     out = []
     for w, targets in TARGETS.items():
-        cands = [(a["speedup"], f"{a['strategy']} (compile {a['compile']})", a.get("peak_gib"))
+        cands = [(a["speedup"], _who(a), a.get("peak_gib"))
                  for a in s["alternatives"] if a["W"] == w]
         cands += [(_speedup(rows[w]), s["strategy"], rows[w].get("peak_gib"))] if w in rows else []
         if not cands:

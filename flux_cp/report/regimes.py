@@ -16,7 +16,7 @@ runs' numbers (reconcile's waterfall, the W=2 rank's device busy against its hos
 import json
 import math
 
-from flux_cp.config import CONFIG_DIR
+from flux_cp.config import CONFIG_DIR, RUN_GROUPS
 from flux_cp.predict.links import for_world
 
 from .analysis import analyse_row
@@ -27,11 +27,12 @@ TOLERANCE = 0.10  # W=2 within 10% of the user's 1.66x
 BEYOND = 1.25  # "little gain beyond 2": a larger W's speedup under 1.25x the W=2 one
 USER_SEQ = 4608
 USER_RUN = {"cp": "torch", "rotate": "allgather", "weights": "ddp", "sdpa_backend": "auto"}
-# run settings a baseline may differ in from the W >= 2 run: the strategy's (a plain W=1 step has none), the world's,
-# bookkeeping; compile and the harness's sync compared as the regime's labels (normalised: compile_label, sync_label)
-IGNORED = frozenset((*BOOKKEEPING, "cp", "cp_degree", "rotate", "weights", "sdpa_backend", "simulate_world",
-                     "simulate_rank", "devices", "num_nodes", "accelerator", "compile", "compile_mode",
-                     "compile_backend", "compile_scope"))
+# run settings a baseline may differ in from the W >= 2 run, and another configuration from the user's: the strategy's
+# (a plain W=1 step has none; every Parallelism setting: rotation, Ulysses' and ZeRO's options, ...), the world's,
+# bookkeeping; compile and the step graph, and the harness's sync, compared as the regime's labels (normalised:
+# compile_label, sync_label)
+IGNORED = frozenset((*BOOKKEEPING, *RUN_GROUPS["Parallelism"], *RUN_GROUPS["Compile"], "devices", "num_nodes",
+                     "accelerator"))
 KERNEL_ORDER = ("cudnn", "flash", "efficient", "math", "auto")
 
 
@@ -54,12 +55,14 @@ def depth(d: dict) -> str:
 
 
 def compile_label(run: dict) -> str:
+    """How the step was built: eager or compiled (mode, scope, backend), and replayed from one CUDA graph or not."""
+    graph = " + step graph" if run.get("step_graph") else ""
     if not run.get("compile"):
-        return "eager"
+        return "eager" + graph
     what = [run.get("compile_mode") or "default"]
     what += [f"scope {s}"] if (s := run.get("compile_scope") or "blocks") != "blocks" else []
     what += [b] if (b := run.get("compile_backend") or "inductor") != "inductor" else []
-    return f"compiled ({', '.join(what)})"
+    return f"compiled ({', '.join(what)})" + graph
 
 
 def sigterm_every(d: dict) -> int | None:

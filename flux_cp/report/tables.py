@@ -108,7 +108,8 @@ def tables(c: Config) -> list[tuple[str, list[str], list[list[str]]]]:
 
 def build_label(compile_key: str) -> str:
     """A configuration key's compile setting ("off", "default", "off + step graph") as the regimes say it."""
-    return ("eager" + compile_key[3:]) if compile_key.startswith("off") else f"compiled ({compile_key})"
+    mode, graph = compile_key.split(" + step graph")[0], " + step graph" if "step graph" in compile_key else ""
+    return ("eager" if mode == "off" else f"compiled ({mode})") + graph
 
 
 def _weights_short(c: Config) -> str:
