@@ -1,10 +1,12 @@
-"""Reconcile the runs under RUNS_DIR: speedups, time breakdown, predicted comm, the 1.66x, regimes, verdicts.
+"""Reconcile the runs under RUNS_DIR: the verdict (does the 1.66x reproduce, what pays, what to run), then regimes,
+speedups, time breakdown, predicted comm.
 
     python scripts/report.py runs/                      # -> runs/report/report.{md,html,json} + PNGs
     python scripts/report.py runs/ --link h200-nvlink4 --cpu-link configs/links/cpu-gloo.yaml --wandb-mode disabled
 
 Finds every summary.json under RUNS_DIR (train and ops runs, any world size and strategy).
 Unreadable, schema-mismatched and incomplete runs are listed in the report, never fatal.
+report.md opens with the verdict, taken from the regime table, then the method, then the sections.
 """
 
 import argparse
@@ -45,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--link-gbps", type=float, default=None,
                    help="instead of --link: every collective at this bus bandwidth, no latency (the old estimate)")
     p.add_argument("--reconcile", default="torch(allgather)", metavar="STRATEGY",
-                   help="the user's strategy label for 'Reconciling the 1.66x' (default torch(allgather))")
+                   help="the strategy 'Reconciling the 1.66x' decomposes (default torch(allgather): the user's ring, "
+                   "in the regime the verdict names; another: its configurations against their own W=1 step)")
     p.add_argument("--wandb-mode", choices=("offline", "online", "disabled"), default="offline")
     p.add_argument("--wandb-report", action="store_true", help="also build a wandb Report (online; wandb-workspaces)")
     args = p.parse_args(argv)

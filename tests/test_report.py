@@ -277,6 +277,16 @@ def test_tables_are_narrow_and_report_json_keeps_every_column(built):
     md = built["md"]
     assert md.index("## Verdict") < md.index("## Method") < md.index("## Reconciling") < md.index('<a id="c1">')
     assert "## c1" not in md and "[" in md[md.index("## Method"):md.index("## Regimes")]  # titles, ids as anchors
+    # no run of the user's ring here: the verdict says the 1.66x is not tested, and names the fastest configuration
+    # at W=2 against its own W=1 step, with its command, as the configuration's table states it
+    h = built["json"]["headline"]
+    assert h["source"] == "configurations" and h["regime"] is None
+    opening = md[md.index("## Verdict"):md.index("## Method")]
+    assert "**The user's 1.66x at W=2**: not tested" in opening
+    b = h["best"]["2"]
+    row = next(r for c in built["json"]["configurations"] for r in c["rows"] if r["run"] == b["run"])
+    assert b["speedup"] == row["speedup"]["projected_step"] and f"{b['speedup']:.2f}x" in opening
+    assert b["command"].startswith("python scripts/train_bench.py --cp allgather-kv") and f"`{b['command']}`" in opening
 
 
 def test_simulated_run_adds_predicted_comm(built):
