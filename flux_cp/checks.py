@@ -58,6 +58,13 @@ def resolve(
         raise ConfigError(
             f"--cp none: no context parallelism across a CP group of {run.cp_degree} ranks (use --cp-degree 1)"
         )
+    if data.global_batch is not None:
+        if data.global_batch < 1 or data.global_batch % run.dp:
+            raise ConfigError(
+                f"--data.global_batch {data.global_batch}: each of the {run.dp} data-parallel groups (ranks / "
+                f"--cp-degree) trains an equal share: use a multiple of {run.dp}, or another --cp-degree"
+            )
+        data.batch_size = data.global_batch // run.dp
     if run.cp == "tp" and (run.weights != "ddp" or run.split_conditioning):
         # ZeRO and FSDP would treat each rank's weight shards as copies of one parameter
         what = f"--weights {run.weights}" if run.weights != "ddp" else "--split-conditioning"

@@ -56,6 +56,9 @@ class DataConfig:
     image_width: int = 64  # image tokens per row
     text_tokens: int = 512  # T5 tokens (a fixed length)
     batch_size: int = 1  # samples per CP group (global batch: dp x batch_size)
+    # samples per optimizer step over all ranks; set: each data-parallel group trains global_batch / dp of them
+    # (it sets batch_size)
+    global_batch: int | None = None
     seed: int = 0  # weights' init and batches: the same at every world size and strategy
 
     @property

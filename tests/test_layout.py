@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # flux_cp's folders (and its top-level modules, "core"), lowest first: a folder imports only those before it
 # (flux_cp.opbench, the ops mode, sits above parallel/ and runs/; report/ reads runs and predictions)
-ORDER = ["core", "measure", "predict", "runs", "parallel", "train", "opbench", "report"]
+ORDER = ["core", "measure", "predict", "runs", "parallel", "train", "opbench", "report", "plan"]
 MAX_LINES = 520
 
 

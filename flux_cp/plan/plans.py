@@ -1,0 +1,166 @@
+"""The plans for one cell (a model, a sequence length S, a global batch B, W GPUs): every way this tool can spend the
+W GPUs on B samples, and why each one left out is left out.
+
+    plans = enumerate_plans(cfg, seq_len=4608, global_batch=8, world=8, builds=("eager", "graph"), memory_gib=80)
+    [p.name for p in plans if p.pruned is None]     # what scripts/plan.py runs, each as rank 0 over the fake group
+
+A plan: W = dp x cp (dp data-parallel groups, each of cp ranks sharing its samples' tokens or weights); within a group
+`cp` in none (cp = 1: plain data parallelism, the baseline to beat), torch (ring), allgather-kv, ulysses, tp;
+weights kept in sync by ddp, zero2 or fsdp; eager, or compiled per block with the whole step replayed from one CUDA
+graph (GPU). Each data-parallel group trains B / dp samples a step. A plan is pruned, with its reason, where the
+settings are refused (checks.resolve: the same one-line errors a run gives) or where its estimated peak memory
+exceeds the device's.
+"""
+
+import copy
+from dataclasses import dataclass, field
+
+from flux_cp.checks import resolve, split_seq_len
+from flux_cp.config import BenchConfig, ConfigError
+
+CP_KINDS = ("none", "torch", "allgather-kv", "ulysses", "tp")
+WEIGHTS = ("ddp", "zero2", "fsdp")
+BUILDS = {"eager": {}, "graph": {"compile": True, "step_graph": True}}
+GRAPH_WARMUP = 12  # the step graph captures at the last warm-up step, after compiling (checks._check_step_graph)
+# Activation bytes a token keeps per block for the backward, in units of hidden x the parameter dtype's size: fitted
+# on one measurement (the 2 + 4-block Flux config at 4608 tokens, batch 1, eager bf16: 11.1 GiB peak on an H200, of
+# which the weights, gradients and AdamW state are 9.7): only for pruning; the ranked table shows measured peaks.
+ACTIVATION_PER_TOKEN = 9.0
+BYTES = {"bf16-true": 2, "32-true": 4, "64-true": 8}
+
+
+@dataclass
+class Plan:
+    dp: int
+    cp_degree: int
+    cp: str
+    weights: str
+    build: str
+    settings: dict = field(default_factory=dict)  # train_bench run/data settings (sweep keys)
+    pruned: str | None = None  # why it does not run
+    memory_gib: float | None = None  # estimated peak a rank
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.cp_degree
+
+    @property
+    def name(self) -> str:
+        par = f"dp{self.dp}" if self.cp_degree == 1 else f"dp{self.dp}x{self.cp}{self.cp_degree}"
+        return f"{par}-{self.weights}-{self.build}"
+
+    @property
+    def baseline(self) -> bool:
+        """Plain data parallelism: what a team would pick by default."""
+        return self.cp_degree == 1
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def cell_settings(cfg: BenchConfig, seq_len: int, global_batch: int) -> dict:
+    """The data settings of a cell: the image tokens of S (the text keeps its length) as a near-square grid."""
+    image, _ = split_seq_len(seq_len, cfg.data)
+    if image < 1:
+        raise ConfigError(f"--seq-len {seq_len}: must exceed the {cfg.data.text_tokens} text tokens")
+    width = max(k for k in _divisors(image) if k * k <= image)
+    return {"data.image_height": image // width, "data.image_width": width, "data.global_batch": global_batch}
+
+
+def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
+    """A rank's estimated peak: weights, gradients and AdamW's two moments as each weights mode keeps them, plus the
+    activations of its tokens (a W-way share of each sample under CP, Ulysses and TP)."""
+    b = BYTES[cfg.run.precision]
+    n, W = params, plan.world
+    if plan.cp == "tp":  # weights, gradients and state sharded by the group, DDP buckets over the few replicated
+        weights = 4 * b * n / plan.cp_degree
+    elif plan.weights == "ddp":
+        weights = 5 * b * n  # + DDP's gradient buckets
+    elif plan.weights == "zero2":
+        weights = b * n + 3 * b * n / W  # parameters whole; gradients and moments of its 1/W
+    else:  # fsdp: everything sharded, one block's parameters gathered at a time
+        weights = 4 * b * n / W
+    blocks = cfg.model.double_blocks + cfg.model.single_blocks
+    tokens = cfg.data.batch_size * cfg.data.seq_len / plan.cp_degree
+    acts = ACTIVATION_PER_TOKEN * b * cfg.model.hidden * tokens * blocks
+    return (weights + acts) / 2**30
+
+
+def count_params(cfg: BenchConfig) -> int:
+    """The model's parameters, built on the meta device (no memory)."""
+    import torch
+
+    from flux_cp.model import FluxDiT, num_params
+
+    with torch.device("meta"):
+        return num_params(FluxDiT(cfg.model))
+
+
+def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: int, *, builds=("eager",),
+                    cps=CP_KINDS, weights=WEIGHTS, memory_gib_limit: float | None = None, on_gpu: bool = True,
+                    params: int | None = None) -> list[Plan]:
+    """Every plan of the cell, those that cannot run with `pruned` set. cfg: the model config (its run settings are
+    the plans' base: precision, steps, ...)."""
+    cell = cell_settings(cfg, seq_len, global_batch)
+    params = params if params is not None else count_params(cfg)
+    out = []
+    for c in _divisors(world):
+        for cp in cps:
+            if (cp == "none") != (c == 1) or (cp == "torch" and not on_gpu):
+                continue
+            for w in weights:
+                if world == 1 and w != "ddp":  # one rank: nothing to shard, nothing to sync
+                    continue
+                for build in builds:
+                    p = Plan(world // c, c, cp, w, build)
+                    p.settings = {**cell, "cp": cp, "cp_degree": c, "weights": w, **BUILDS[build],
+                                  "simulate_world": world if world > 1 else None}
+                    if build == "graph":
+                        p.settings["warmup_steps"] = max(GRAPH_WARMUP, cfg.run.warmup_steps)
+                    p.pruned, resolved = _check(cfg, p.settings, on_gpu)
+                    if p.pruned is None:
+                        p.memory_gib = memory_gib(resolved, params, p)
+                        if memory_gib_limit is not None and p.memory_gib > memory_gib_limit:
+                            p.pruned = (f"does not fit: ~{p.memory_gib:.0f} GiB a rank estimated, the device has "
+                                        f"{memory_gib_limit:g}")
+                    out.append(p)
+    return out
+
+
+def _check(cfg: BenchConfig, settings: dict, on_gpu: bool) -> tuple[str | None, BenchConfig | None]:
+    """The run's own checks: (None, resolved config) or (the one-line reason it is refused, None)."""
+    c = copy.deepcopy(cfg)
+    for key, value in settings.items():
+        if value is None:
+            continue
+        section, _, leaf = key.rpartition(".")
+        setattr(getattr(c, section) if section else c.run, leaf, value)
+    c.run.accelerator = "gpu" if on_gpu else "cpu"
+    try:
+        return None, resolve(c, cuda_available=on_gpu, gpu_count=1, env={})
+    except ConfigError as e:
+        return str(e), None
+
+
+def to_sweep(plans: list[Plan], base_args: list[str], out, name: str, timeout_s: float = 600.0,
+             steps: int | None = None):
+    """The plans that run, as a sweep (flux_cp/runs/sweep.py) of one-process runs into out/<plan name>: each a
+    simulated rank of its W (or the plain W=1 step)."""
+    from pathlib import Path
+
+    from flux_cp.runs.sweep import Run, Sweep, _flag
+
+    out = Path(out)
+    runs = []
+    for p in plans:
+        if p.pruned is not None:
+            continue
+        args = list(base_args)
+        for k, v in p.settings.items():
+            if v is not None:
+                args += _flag(k, v)
+        args += ["--output", str(out / p.name), "--group", name]
+        shape = {"seq_len": None, "batch": p.settings.get("data.global_batch"), "world": p.world}
+        runs.append(Run(p.name, {"plan": p.name}, args, out / p.name, steps or 0, shape, 1))
+    return Sweep(name, "(plan)", out, runs, timeout_s)

@@ -1,0 +1,95 @@
+"""The plans of a cell, measured and ranked: each ran as rank 0 of its W-rank job over torch's fake process group
+(its compute measured, its collectives recorded by the ledger), its collectives priced with a link profile and
+placed on its step (report.analysis.comm_prediction: the report's own pricing), ranked by the time a global batch
+takes; throughput and MFU at that predicted step.
+
+    rows = rank(plans, runs_dir, link)      # fastest first; plain data parallelism (cp_degree 1) marked
+"""
+
+import json
+import shlex
+from pathlib import Path
+
+from flux_cp.plan.plans import Plan
+from flux_cp.report.analysis import borrow_ledgers, comm_prediction
+from flux_cp.report.runs import Run
+from flux_cp.runs.results import throughput_of
+
+
+def _peak_gib(d: dict) -> float | None:
+    mem = d.get("memory") or {}
+    return mem.get("allocated_gib", mem.get("host_max_rss_gib"))
+
+
+def command(plan: Plan, config_file: str | None) -> str:
+    """The train_bench command that runs the plan on W real GPUs (torchrun or Lightning's launcher)."""
+    args = ["python", "scripts/train_bench.py"] + (["--config", config_file] if config_file else [])
+    args += ["--devices", str(plan.world)]
+    for k, v in plan.settings.items():
+        if v is None or k == "simulate_world":
+            continue
+        flag = f"--{k}" if "." in k else "--" + k.replace("_", "-")
+        args += [flag, str(v).lower() if isinstance(v, bool) else str(v)]
+    return shlex.join(args)
+
+
+def rank(plans: list[Plan], runs_dir: Path, link, memory_gib_limit: float | None = None,
+         config_file: str | None = None) -> list[dict]:
+    """One row per plan that ran (ranked by time per global batch), then the pruned and failed ones (unranked)."""
+    runs, by_name = [], {}
+    for p in plans:
+        f = Path(runs_dir) / p.name / "summary.json"
+        if p.pruned is None and f.is_file():
+            d = json.loads(f.read_text())
+            if d.get("complete") and (d.get("metrics") or {}).get("step_ms"):
+                by_name[p.name] = Run(f, d)
+                runs.append(by_name[p.name])
+    borrow_ledgers(runs)  # a step-graph run's collectives placed as its eager twin's, where both ran
+    rows = []
+    for p in plans:
+        row = {"plan": p.name, "dp": p.dp, "cp_degree": p.cp_degree, "cp": p.cp, "weights": p.weights,
+               "build": p.build, "W": p.world, "baseline": p.baseline, "estimated_gib": p.memory_gib,
+               "command": command(p, config_file)}
+        if p.pruned is not None:
+            rows.append(row | {"status": "pruned", "why": p.pruned})
+            continue
+        run = by_name.get(p.name)
+        if run is None:
+            rows.append(row | {"status": "failed", "why": _failure(Path(runs_dir) / p.name)})
+            continue
+        pred = comm_prediction(run, p.world, link) if p.world > 1 else {"predicted_ms": run.metric("step_ms"),
+                                                                         "exposed_ms": 0.0, "source": "none at W=1"}
+        t = throughput_of(run.d, step_ms=pred["predicted_ms"])
+        peak = _peak_gib(run.d)
+        fits = memory_gib_limit is None or peak is None or peak <= memory_gib_limit
+        rows.append(row | {
+            "status": "ran" if fits else "does not fit (measured)",
+            "rank_step_ms": run.metric("step_ms"), "step_ms": pred["predicted_ms"],
+            "exposed_comm_ms": pred.get("exposed_ms"), "comm_source": pred["source"],
+            "tokens_per_s_per_gpu": t.get("throughput/device/items_per_sec"),
+            "samples_per_s": t.get("throughput/samples_per_sec"),
+            "tflops_per_gpu": (t.get("throughput/device/flops_per_sec") or 0) / 1e12 or None,
+            "mfu": t.get("throughput/device/mfu"), "peak_gib": peak, "run": str(run.path.parent),
+            "basis": "simulated rank, collectives priced" if p.world > 1 else "measured",
+        })
+    ran = sorted((r for r in rows if r["status"] == "ran"), key=lambda r: r["step_ms"])
+    for i, r in enumerate(ran, 1):
+        r["rank"] = i
+    return ran + [r for r in rows if r["status"] != "ran"]
+
+
+def _failure(out: Path) -> str:
+    f = out / "summary.json"
+    if not f.is_file():
+        return "no summary.json (not run)"
+    d = json.loads(f.read_text())
+    return d.get("error") or "incomplete"
+
+
+def best_against_dp(rows: list[dict]) -> dict:
+    """The fastest plan, the runner-up, and plain data parallelism's best beside them."""
+    ran = [r for r in rows if r["status"] == "ran"]
+    dp = [r for r in ran if r["baseline"]]
+    return {"best": ran[0] if ran else None, "runner_up": ran[1] if len(ran) > 1 else None,
+            "data_parallel": dp[0] if dp else None,
+            "best_over_dp": (dp[0]["step_ms"] / ran[0]["step_ms"]) if ran and dp else None}

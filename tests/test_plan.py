@@ -1,0 +1,89 @@
+"""The planner (scripts/plan.py, flux_cp/plan/): every plan of a cell that divides, the ones that do not fit left out
+with their reason, each run as a simulated rank and ranked by the time a global batch takes; and the global batch it
+rests on trains as one process."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flux_cp.config import parse_config
+from flux_cp.plan.plans import enumerate_plans
+from flux_cp.plan.rank import command
+
+from .conftest import ROOT, TINY, assert_exact, exact_run
+
+
+def _cfg():
+    return parse_config(["--config", str(TINY)], cuda_available=False)
+
+
+def test_every_plan_that_divides_and_why_the_others_do_not():
+    plans = enumerate_plans(_cfg(), seq_len=144, global_batch=2, world=4, on_gpu=False)
+    kept = {p.name for p in plans if p.pruned is None}
+    # dp x cp of 4 with B = 2: dp 4 cannot split 2 samples; cp 4 and cp 2 (dp 2) can; torch's ring needs a GPU
+    assert kept == {f"dp{dp}x{cp}{c}-{w}-eager" for dp, c in ((1, 4), (2, 2)) for cp in ("allgather-kv", "ulysses")
+                    for w in ("ddp", "zero2", "fsdp")} | {"dp1xtp4-ddp-eager"}
+    why = {p.name: p.pruned for p in plans if p.pruned}
+    assert all("--data.global_batch 2" in why[f"dp4-{w}-eager"] for w in ("ddp", "zero2", "fsdp"))
+    assert "--weights zero2 does not combine" in why["dp1xtp4-zero2-eager"]
+    assert not any(p.cp == "torch" for p in plans)  # CPU: no ring kernel to run
+    # tp within groups of 2 with data parallelism across them: refused by the run's own check, one line
+    assert "--cp tp runs one group" in why["dp2xtp2-ddp-eager"]
+
+
+def test_plans_that_do_not_fit_the_memory_are_left_out():
+    params = 12_000_000_000  # Flux.1's 19 + 38 blocks: no DDP rank holds it with AdamW state on an 80 GiB GPU
+    plans = enumerate_plans(_cfg(), seq_len=144, global_batch=8, world=8, on_gpu=False, memory_gib_limit=80,
+                            params=params, cps=("none",))
+    by = {p.weights: p for p in plans}
+    assert by["ddp"].pruned.startswith("does not fit: ~") and by["ddp"].memory_gib > 80
+    assert by["zero2"].pruned is None and by["fsdp"].pruned is None
+    assert by["fsdp"].memory_gib < by["zero2"].memory_gib < 80
+
+
+def test_the_command_runs_the_plan_on_real_gpus():
+    (p,) = [p for p in enumerate_plans(_cfg(), 144, 4, 4, on_gpu=False, cps=("ulysses",), weights=("zero2",))
+            if p.cp_degree == 2]
+    cmd = command(p, "configs/tiny.yaml")
+    assert cmd.startswith("python scripts/train_bench.py --config configs/tiny.yaml --devices 4")
+    assert "--data.global_batch 4 --cp ulysses --cp-degree 2 --weights zero2" in cmd
+    assert "simulate" not in cmd
+
+
+def test_plan_ranks_the_plans_it_ran_by_time_per_global_batch(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), "--config", str(TINY), "--global-batch",
+                        "2", "--world", "2", "--cp", "none,allgather-kv", "--weights", "ddp", "--steps", "4",
+                        "--warmup-steps", "1", "--output", str(tmp_path)], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads((tmp_path / "plan.json").read_text())
+    ran = [row for row in d["plans"] if row["status"] == "ran"]
+    assert {row["plan"] for row in ran} == {"dp2-ddp-eager", "dp1xallgather-kv2-ddp-eager"}
+    assert [row["rank"] for row in ran] == [1, 2] and ran[0]["step_ms"] <= ran[1]["step_ms"]
+    for row in ran:
+        assert row["tokens_per_s_per_gpu"] == pytest.approx(2 * 144 / (row["step_ms"] / 1e3) / 2)
+        assert "mfu" in row and row["mfu"] is None  # fp32 on a CPU: no dense bf16 peak to hold it against
+        assert row["basis"] == "simulated rank, collectives priced" and row["peak_gib"] > 0
+    assert [row["baseline"] for row in d["plans"] if row["plan"] == "dp2-ddp-eager"] == [True]
+    assert d["summary"]["data_parallel"]["plan"] == "dp2-ddp-eager"
+    assert f"best: {ran[0]['plan']}" in r.stdout and "run it: python scripts/train_bench.py" in r.stdout
+
+
+@pytest.mark.parametrize("args", [["--global-batch", "0", "--world", "2"], ["--global-batch", "2", "--world", "2",
+                                                                           "--cp", "ring"]])
+def test_bad_input_is_one_line(args, tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), *args, "--output", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("plan.py: error:")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_global_batch_over_data_parallel_groups_trains_as_one_process(single_process, tmp_path):
+    """--data.global_batch 2 over 2 ranks of plain data parallelism: each trains 1 sample, and the 10 steps are
+    the one-process model's at batch 2 (fp64)."""
+    got = exact_run(tmp_path, "--devices", 2, "--cp-degree", 1, "--data.global_batch", 2)
+    assert got["summary"]["config"]["data"]["batch_size"] == 1 and got["summary"]["dp"] == 2
+    assert got["summary"]["throughput"]["samples_per_step"] == 2
+    assert_exact(got, single_process(2), rtol=1e-12)
