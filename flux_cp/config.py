@@ -324,9 +324,12 @@ def parse_config(argv: list[str] | None = None, *, cuda_available: bool | None =
     if not path.is_file():
         raise ConfigError(f"--config {config_file}: file not found (choose one of {CONFIG_DIR}/*.yaml)")
     try:
-        path.read_text()
+        text = path.read_text()
     except OSError as e:
         raise ConfigError(f"--config {config_file}: unreadable ({e.strerror})") from None
+    if _is_sweep(text):
+        raise ConfigError(f"--config {config_file}: a sweep file (a grid of runs), not a run's settings: run "
+                          f"python scripts/sweep.py {config_file}")
     parser = _parser()
     try:
         ns = parser.parse_args(argv)
@@ -343,6 +346,17 @@ def parse_config(argv: list[str] | None = None, *, cuda_available: bool | None =
     data = DataConfig(**d.pop("data"))
     run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig)})
     return BenchConfig(model=model, data=data, run=run, config_file=str(path))
+
+
+def _is_sweep(text: str) -> bool:
+    """A sweep YAML (flux_cp/runs/sweep.py: axes, base, include) rather than a run's settings."""
+    import yaml
+
+    try:
+        d = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False  # the parser names the fault
+    return isinstance(d, dict) and ("axes" in d or "include" in d) and not {"model", "data"} & set(d)
 
 
 def _find_config(argv: list[str]) -> str | None:

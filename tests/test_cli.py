@@ -143,6 +143,10 @@ BAD = [
     (["--accelerator", "gpu"], "--accelerator gpu: no CUDA device"),
     (["--cp", "torch"], "--cp torch:"),
     (["--config", "configs/nope.yaml"], "--config configs/nope.yaml: file not found"),
+    (["--config", "configs/sweep_cpu.yaml"], "a sweep file (a grid of runs), not a run's settings: run python "
+     "scripts/sweep.py configs/sweep_cpu.yaml"),
+    (["--devices", 2, "--cp-degree", 1, "--data.global_batch", 3], "--data.global_batch 3: each of the 2 "
+     "data-parallel groups"),
     (["--model.num_hedz", 3], "num_hedz"),
     (["--cp", "ring"], "--cp ring: choose one of auto, torch, allgather-kv, ulysses, tp, none"),
     (["--precision", "fp8"], "--precision fp8: choose one of bf16-true, 32-true, 64-true"),
@@ -364,3 +368,17 @@ def test_slowed_host_runs_its_spinners_on_the_pinned_core_and_restores_affinity(
         assert len(spinners) == 2 and all(p.cpu_affinity() == [core] for p in spinners)
         assert all(os.sched_getaffinity(int(t)) == {core} for t in os.listdir("/proc/self/task"))
     assert os.sched_getaffinity(0) == before and not any(p.is_running() and p.status() != "zombie" for p in spinners)
+
+
+def test_help_speaks_a_users_words():
+    """--help names settings and what they do: no internal constants, dates, module paths or jsonargparse's
+    generic wording."""
+    import re
+
+    r = bench("--help", timeout=120)
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())  # argparse wraps lines
+    for bad in ("DDP_WEIGHTS", "Path to a configuration file", "flux_cp", "issue "):
+        assert bad not in text, bad
+    assert not re.search(r"20\d\d-\d\d-\d\d", text) and not re.search(r"\b\w+/\w+\.py\b", text), text
+    assert "--model CONFIG a YAML holding model settings alone" in text
