@@ -248,9 +248,9 @@ def test_help_describes_groups_and_where_defaults_come_from(capsys):
                   "Compile:", "Op bench (--ops-only):", "Output:"):
         assert title in out, title
     assert "<class" not in out and "--print-config" in out
-    # every option has its description, and defaults are tiny.yaml's (fp32, 4 steps), not the dataclasses'
+    # every option has its description, and defaults are tiny.yaml's (fp32, 48 steps), not the dataclasses'
     flat = " ".join(out.split())
-    assert "measured steps (type: int, default: 4)" in flat and "default: 32-true)" in flat
+    assert "measured steps (type: int, default: 48)" in flat and "default: 32-true)" in flat
     from flux_cp.config import _parser
 
     options = [a for a in _parser()._actions if a.option_strings and a.dest not in ("help", "model", "data")]

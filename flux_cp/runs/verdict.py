@@ -94,7 +94,12 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     else:
         line += ", no W=1 baseline with this config yet"
         nxt = f"python scripts/train_bench.py{flags} --devices 1 --cp none   (the baseline)"
-    if m["median"] > 0 and (m["max"] - m["min"]) / m["median"] > NOISY:
+    st = d.get("steadiness")
+    if st is not None:  # the tool's own test of the median (its 95% interval, drift, two modes)
+        if not st["steady"]:
+            line += (f", not steady ({', '.join(st['problems'])}; steps {_ms(m['min'])}-{_ms(m['max'])} ms): a smoke "
+                     "figure, not a measurement (more --steps / --warmup-steps)")
+    elif m["median"] > 0 and (m["max"] - m["min"]) / m["median"] > NOISY:
         line += f", noisy: {_ms(m['min'])}-{_ms(m['max'])} ms"
     return line, f"next: {nxt}"
 
