@@ -57,7 +57,8 @@ from flux_cp.runs.failures import error_kind, error_line, error_trace
 from flux_cp.runs.results import (
     RunSummary,
     gather_row,
-    host_op_us,
+    host_probe,
+    host_speed,
     peak_memory,
     reset_peak_memory,
     run_start_time,
@@ -291,7 +292,9 @@ class OpTimingCallback(Callback):
         self._remove_gc_hook()
         self.wall["end"] = time.time()
         self.summary.header["memory"] = peak_memory(pl_module.timer.cuda)  # this rank's, over the steps
-        self.summary.header["host_op_us_end"] = host_op_us()  # env.host_op_us again: did the host change meanwhile
+        head = self.summary.header  # the host's speed before the steps (env) and after: did it change meanwhile
+        head["host_speed"] = host_speed(head["env"].get("host_probe"), host_probe())
+        head["host_op_us_end"] = head["host_speed"]["after"]["median_us"]  # as older summaries have it
         self._finish_reads(trainer, pl_module, collective=True)
         if self.twin is not None:  # the bare twin's steps against this rank's plain steps, read by now
             plain = [x for x in self.summary.per_step.get("step_ms", []) if x is not None]

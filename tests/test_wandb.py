@@ -1,4 +1,4 @@
-"""What wandb holds of a run, read back from the offline run's own file (tests/wandb_records.py): the summary as
+"""What a run records (and the host it ran on) and what wandb holds of it, read back from the offline run's own file (tests/wandb_records.py): the summary as
 summary.json has it (the median under the metric's own name, min/max/n beside it: wandb's run table ranks runs by
 it), warm-up steps out of the measured series, every row on a time axis, keys to filter runs by."""
 
@@ -86,3 +86,20 @@ def test_the_dashboards_panels_name_only_what_the_runs_logged(offline_run, tmp_p
             assert set(p.metrics) <= set(info["summary"]), (p.title, p.metrics)
     assert any("throughput/device/items_per_sec" in getattr(p, "metrics", []) for p in panels)
     shutil.rmtree(tmp_path / "run")
+
+
+def test_the_summary_carries_the_hosts_speed_before_and_after(offline_run, tmp_path):
+    """A host-bound step is as fast as its host: each run probes the host (us per tiny op, median and spread) before
+    its steps and after them, in both harnesses, and says whether the speed moved in between."""
+    from .conftest import bench
+
+    d = offline_run[0]
+    r = bench("--config", TINY, "--steps", 3, "--warmup-steps", 1, "--harness", "bare", "--wandb-mode", "disabled",
+              "--output", tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for s in (d, json.loads((tmp_path / "summary.json").read_text())):
+        h = s["host_speed"]
+        for probe in (h["before"], h["after"]):
+            assert 0 < probe["min_us"] <= probe["median_us"] <= probe["max_us"] and probe["reps"] == 7
+        assert h["before"] == s["env"]["host_probe"] and isinstance(h["changed"], bool)
+        assert s["host_op_us_end"] == h["after"]["median_us"]

@@ -52,8 +52,13 @@ def env_info(device=None) -> dict:
         "device": name,
         "hostname": socket.gethostname(),
         "cpu": cpu_model(),
-        "host_op_us": host_op_us(),
+        **_host_before(),
     }
+
+
+def _host_before() -> dict:
+    probe = host_probe()
+    return {"host_op_us": probe["median_us"], "host_probe": probe}
 
 
 def cpu_model() -> str | None:
@@ -64,10 +69,11 @@ def cpu_model() -> str | None:
         return platform.processor() or None
 
 
-def host_op_us(n: int = 4000, reps: int = 7) -> float:
+def host_probe(n: int = 4000, reps: int = 7) -> dict:
     """The host's speed at issuing work, as the step's host-bound part sees it: microseconds per tiny torch op (a
-    one-element in-place add on the CPU: Python and ATen's dispatch, no kernel worth the name), median of reps. On the
-    H200 machines lent here the same W >= 2 step took 39 ms in one call and 78 ms in another, device time equal."""
+    one-element in-place add on the CPU: Python and ATen's dispatch, no kernel worth the name), over reps of n ops:
+    median, min and max. On the H200 machines lent here the same W >= 2 step took 39 ms in one call and 78 ms in
+    another, device time equal; one lease's probes read 3.0-7.6 us."""
     import torch
 
     x = torch.zeros(1)
@@ -77,7 +83,23 @@ def host_op_us(n: int = 4000, reps: int = 7) -> float:
         for _ in range(n):
             x.add_(1.0)
         times.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(times)
+    return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times), "reps": reps}
+
+
+def host_op_us(n: int = 4000, reps: int = 7) -> float:
+    """host_probe's median, microseconds per tiny op."""
+    return host_probe(n, reps)["median_us"]
+
+
+def host_speed(before: dict | None, after: dict) -> dict:
+    """The probes before and after the steps, and whether the host's speed moved between them (medians more than
+    10% apart, beyond either probe's spread): a host-bound step measured across the move is not one host's."""
+    out = {"before": before, "after": after, "changed": None}
+    if before:
+        lo, hi = sorted((before["median_us"], after["median_us"]))
+        spread = max(before["max_us"] - before["min_us"], after["max_us"] - after["min_us"])
+        out["changed"] = hi - lo > max(0.1 * lo, spread)
+    return out
 
 
 def reset_peak_memory(cuda: bool) -> None:

@@ -36,7 +36,8 @@ from flux_cp.runs.failures import EXIT_CODES, error_kind, error_line, error_trac
 from flux_cp.runs.results import (
     RunSummary,
     gather_row,
-    host_op_us,
+    host_probe,
+    host_speed,
     peak_memory,
     reset_peak_memory,
     run_start_time,
@@ -174,7 +175,9 @@ def _run(cfg: BenchConfig, report) -> int:
     step.close()
     try:
         if rank == (run.simulate_rank if run.simulate_world else 0):  # written before the group goes: kept on a hang
-            summary.header["host_op_us_end"] = host_op_us()  # env.host_op_us again: did the host change meanwhile
+            head = summary.header  # the host's speed before the steps (env) and after: did it change meanwhile
+            head["host_speed"] = host_speed(head["env"].get("host_probe"), host_probe())
+            head["host_op_us_end"] = head["host_speed"]["after"]["median_us"]  # as older summaries have it
             summary.header["wall_s"] = wall_split(t_run, wall["start"], wall.get("warm", wall["start"]),
                                                   wall["end"], time.time())
             path = summary.write(complete=True)
