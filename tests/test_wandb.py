@@ -1,6 +1,7 @@
-"""What a run records (and the host it ran on) and what wandb holds of it, read back from the offline run's own file (tests/wandb_records.py): the summary as
-summary.json has it (the median under the metric's own name, min/max/n beside it: wandb's run table ranks runs by
-it), warm-up steps out of the measured series, every row on a time axis, keys to filter runs by."""
+"""What a run records of itself and its host, and what wandb holds of it, read back from the offline run's own file
+(tests/wandb_records.py): the summary as summary.json has it (the median under the metric's own name, min/max/n
+beside it: wandb's run table ranks runs by it), warm-up steps out of the measured series, every row on a time axis,
+keys to filter runs by; the host's speed before and after the steps."""
 
 import json
 
