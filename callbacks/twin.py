@@ -37,7 +37,8 @@ class BareTwinCallback(Callback):
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             model = build_model(self.cfg).to(device, DTYPES[run.precision])
         cp_mesh = pl_module.mesh["cp"] if pl_module.mesh is not None else None
-        fwd, opt = wrap_for_training(model, run, device, cp_mesh)
+        dp_mesh = pl_module.mesh["dp"] if pl_module.mesh is not None else None
+        fwd, opt = wrap_for_training(model, run, device, cp_mesh, dp_mesh)
         timer = StepTimer(cuda=device.type == "cuda", enabled=False)  # plain bare steps: no ledger
         self._twin = (fwd, opt, FluxStep(self.cfg, model, device, cp_mesh, timer), timer)
 

@@ -70,10 +70,6 @@ def resolve(
         what = f"--weights {run.weights}" if run.weights != "ddp" else "--split-conditioning"
         raise ConfigError(f"--cp tp: its weights are sharded by heads and MLP features, the rest replicated under "
                           f"DDP; {what} does not combine with it (use --weights ddp, without --split-conditioning)")
-    if run.cp == "tp" and run.cp_degree != ranks:
-        # DDP averages the replicated weights over every rank; the shards' gradients would need it over the dp groups
-        raise ConfigError(f"--cp-degree {run.cp_degree}: --cp tp runs one group over all {ranks} ranks (its sharded "
-                          f"weights are not averaged across data-parallel groups; use --cp-degree {ranks})")
     if run.steps < 1 or run.warmup_steps < 0:
         raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
     if run.timeout_s <= 0:

@@ -19,7 +19,9 @@ of Flux's 2 + 4 blocks) are all-reduced by DDP as under CP.
 Gradients: each rank backpropagates its local loss (the mean over its tokens), as under CP. A sharded weight sees
 every rank's tokens (through the all-gather) with every rank's loss (through the reduce-scatter's adjoint): its
 gradient is that of the sum of the W local losses, so it is divided by W (a hook) to be the mean loss's; a
-replicated weight's gradient is its rank's share of that sum, which DDP's average turns into the mean's.
+replicated weight's gradient is its rank's share of that sum, which DDP's average turns into the mean's. With dp
+data-parallel groups (--cp-degree below the world), each group's sum is divided by all dp x W ranks and the ranks
+holding the same shard in the dp groups all-reduce it (a second hook): the global mean loss's gradient.
 
 Token order: a double block gathers its image and its text stream separately (each in order: [text, image] is then
 Flux's order, the full RoPE table); a single block gathers its joint [text_r, image_r] shards in rank order (one
@@ -163,9 +165,10 @@ def _blocks(n: int, world: int, offsets=(0,)) -> list[torch.Tensor]:
     return [torch.cat([torch.arange(o + r * k, o + (r + 1) * k) for o in offsets]) for r in range(world)]
 
 
-def shard_model(model, rank: int, world: int, group) -> list[str]:
+def shard_model(model, rank: int, world: int, group, dp_group=None, dp: int = 1) -> list[str]:
     """Every block's heads and MLP features split over the group, from outside the model (diffusers' modules kept,
-    their weights replaced by this rank's shards); returns the sharded parameters' names (DDP ignores them)."""
+    their weights replaced by this rank's shards); returns the sharded parameters' names (DDP ignores them).
+    dp > 1: dp TP groups train their own samples; the ranks holding the same shard (dp_group) sum its gradients."""
     if world == 1:
         return []
     d = model.cfg.hidden
@@ -201,8 +204,16 @@ def shard_model(model, rank: int, world: int, group) -> list[str]:
         _shard(lin, 0, _blocks(lin.out_features, world), rank, world, group)
     sharded = [(n, p) for n, p in model.named_parameters() if hasattr(p, "_tp")]
     for _, p in sharded:  # the gradient of the W local losses' sum -> of their mean (module docstring)
-        p.register_hook(functools.partial(torch.div, other=world))
+        p.register_hook(functools.partial(torch.div, other=world * dp))
+        if dp > 1:  # each TP group's share of the global mean loss's gradient, summed over the groups
+            p.register_hook(functools.partial(_sum_over, group=dp_group))
     return [n for n, _ in sharded]
+
+
+def _sum_over(g: torch.Tensor, group) -> torch.Tensor:
+    g = g.contiguous()
+    dist.all_reduce(g, group=group)  # blocking, in backward order: every rank issues the same sequence
+    return g
 
 
 def full_tensor(t: torch.Tensor, meta: dict) -> torch.Tensor:

@@ -79,12 +79,14 @@ def _init_world(run) -> None:
                                 timeout=datetime.timedelta(seconds=run.timeout_s))
 
 
-def wrap_for_training(model, run, device, cp_mesh=None):
+def wrap_for_training(model, run, device, cp_mesh=None, dp_mesh=None):
     """(what the step calls, the optimizer): DDP with the project's comm hook (as flux_cp.train.strategies.DDPWithHook),
     ZeRO's optimizer, or FSDP2 over all ranks (as Lightning's ModelParallelStrategy). --cp tp: the weights sharded
     over cp_mesh first (as the LightningModule's configure_model does)."""
     if run.cp == "tp" and cp_mesh is not None:
-        ignore_in_ddp(model, shard_model(model, cp_mesh.get_local_rank(), cp_mesh.size(), cp_mesh.get_group()))
+        dp_group = dp_mesh.get_group() if dp_mesh is not None and run.dp > 1 else None  # dp x tp: its groups
+        ignore_in_ddp(model, shard_model(model, cp_mesh.get_local_rank(), cp_mesh.size(), cp_mesh.get_group(),
+                                         dp_group, run.dp))
     if run.weights == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -134,7 +136,7 @@ def _run(cfg: BenchConfig, report) -> int:
     dtype = DTYPES[run.precision]
     model = build_model(cfg).to(device, dtype)  # fp32 init, then the run's precision (Lightning's plugin does the same)
     mesh = build_mesh(device.type, run.dp, run.cp_degree)
-    fwd, opt = wrap_for_training(model, run, device, mesh["cp"] if mesh is not None else None)
+    fwd, opt = wrap_for_training(model, run, device, *((mesh["cp"], mesh["dp"]) if mesh is not None else ()))
     timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=ledger_for(run))  # one event pair per step
     step = FluxStep(cfg, model, device, mesh["cp"] if mesh is not None else None, timer)
     n = run.warmup_steps + run.steps

@@ -64,8 +64,10 @@ class FluxCPModule(L.LightningModule):
         device_type = self.trainer.strategy.root_device.type  # the module is still on CPU here
         self.mesh = build_mesh(device_type, run.dp, run.cp_degree)
         if run.cp == "tp" and self.mesh is not None:  # before Lightning's DDP and the optimizer see the parameters
-            cp = self.mesh["cp"]
-            ignore_in_ddp(self, shard_model(self.model, cp.get_local_rank(), cp.size(), cp.get_group()), "model.")
+            cp, dp = self.mesh["cp"], self.mesh["dp"]
+            names = shard_model(self.model, cp.get_local_rank(), cp.size(), cp.get_group(),
+                                dp.get_group() if run.dp > 1 else None, run.dp)  # dp x tp: across its groups
+            ignore_in_ddp(self, names, "model.")
         if run.weights == "fsdp":  # all dp x cp ranks: Lightning's data_parallel dim (parallel.mesh.lightning_strategy)
             shard_weights(self.model, self.device_mesh["data_parallel"])
 
