@@ -6,7 +6,7 @@ asynchronously right after it) are read after the loop, as the bare loop (flux_c
 its own. Where the host issues a step about as fast as the device runs it (CP at W >= 2), whatever the
 host does between steps is step time: on an H200 the former reads of finished steps inside the loop
 (events, the ledger's collectives, the logger, summary.json rewrites) took 1.5-12 ms a step
-(`after_ms`, docs/results/2026-12-03-h200-recipes.md), 2-10% of the step. Only a run of more than
+(`after_ms`, docs/archive/2026-12-03-h200-recipes.md), 2-10% of the step. Only a run of more than
 MAX_PENDING steps reads inside the loop (steps that finished, `Event.query()`, never a wait), to bound
 what it holds. With several ranks every rank's figures and loss are gathered on the CPU (gloo) after
 the loop. Rank 0 (or a simulated rank) logs them (Lightning logger API, so a logger sees the steps
@@ -17,7 +17,7 @@ profiled steps (--profile: extra steps right after warm-up, slowed by the profil
 Each measured step has a kind (`step_kind`), the same on every rank. The step's own figures come from
 steps that carry nothing the bare loop (flux_cp/train/bare.py) does not: at W >= 2 the host issues a step about
 as fast as the device runs it, and on an H200 op regions every step and a probe every 4th made the Lightning
-step 8-24% longer than its bare twin at W = 4 and 8 (docs/results/2026-12-03-h200-regimes.md).
+step 8-24% longer than its bare twin at W = 4 and 8 (docs/archive/2026-12-03-h200-regimes.md).
 - "plain": no regions -> step_ms, host_ms, and the loop's
   pace: loop_ms (host wall time from this step's start to the next's: data loading included, unlike
   step_ms), data_ms

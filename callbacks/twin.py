@@ -3,7 +3,7 @@
 A Lightning run and its bare twin in separate runs compare only as far as the host keeps its speed between them: the
 H200 machines lent here are KVM guests whose single-thread speed moved 3.2-6.9 us per tiny op within seconds, and
 five interleaved pairs per cell gave 95% intervals 7-15 points wide at W >= 2
-(docs/results/2026-12-04-h200-harness.md). Here a second copy of the model, set up as the bare loop sets up its own
+(docs/archive/2026-12-04-h200-harness.md). Here a second copy of the model, set up as the bare loop sets up its own
 (flux_cp.train.bare.wrap_for_training: DDP with the same comm hook, or ZeRO; the same strategy, compile setting and
 precision), trains N bare steps after every N measured Lightning steps, on the batch Lightning just used, one event
 pair per step and no ledger, as the bare loop's plain steps. Both harnesses' steps then see the same host within

@@ -76,6 +76,6 @@ def make_loader(data: DataConfig, model: ModelConfig, steps: int, dp_rank: int, 
     512 x 4096 text embeddings, which in the main process, or in too few workers, would pace a short step;
     measured on an H200 at W=8: a 28 ms loop around a 9 ms step with one worker). Batches come in step order.
     pin: from pinned memory Lightning's non_blocking copy is asynchronous; from pageable memory CUDA syncs
-    the stream first, draining the device at every step start (docs/results/2026-12-03-h200-zero.md)."""
+    the stream first, draining the device at every step start (docs/archive/2026-12-03-h200-zero.md)."""
     return DataLoader(SyntheticFlow(data, model, steps, dp_rank, dp, dtype), batch_size=None, pin_memory=pin,
                       num_workers=workers)

@@ -8,6 +8,7 @@
 Every problem in the sweep config is reported at once, before anything runs (exit 2). Runs go one
 by one, each in its own processes; a failed, out-of-memory or hung run is recorded in sweep.json
 and the sweep goes on. Running the same command again does not rerun the runs already complete (resume).
+Ctrl-C (or SIGTERM) stops the running run, records it and ends with the command that resumes.
 Exit code: 0 all runs ok, 1 some not, 2 bad sweep config, 130 interrupted.
 """
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
-    from flux_cp.runs.sweep import Runner, load_sweep
+    from flux_cp.runs.sweep import Runner, load_sweep, signal_name
 
     console = Console(stderr=True)
     cuda = torch.cuda.is_available() if a.gpus is None else a.gpus > 0
@@ -85,8 +86,28 @@ def main(argv: list[str] | None = None) -> int:
                       + f"   index: {runner.index_path}", highlight=False, soft_wrap=True)
         console.print(f"report: python scripts/report.py {sweep.output}", highlight=False, soft_wrap=True)
         if runner.stop_signal is not None:
+            left = bad + sum(len(later.runs) for later in sweeps[sweeps.index(sweep) + 1:])  # not ok, not run
+            console.print(f"interrupted by {signal_name(runner.stop_signal)}: {left} run(s) not done; the same "
+                          "command resumes (complete runs are kept, not run again):", highlight=False, soft_wrap=True)
+            console.print(f"resume: {_command(argv)}", highlight=False, soft_wrap=True)
             return EXIT_INTERRUPTED
     return 1 if bad else 0
+
+
+def _command(argv: list[str] | None) -> str:
+    """This command line as it can be typed again here: this interpreter ("python" if that is what PATH finds), this
+    script, the same arguments."""
+    import os
+    import shlex
+    import shutil
+
+    def here(path: str) -> str:
+        rel = os.path.relpath(path)
+        return path if rel.startswith("..") else rel
+
+    exe = "python" if shutil.which("python") == sys.executable else here(sys.executable)
+    args = sys.argv[1:] if argv is None else argv
+    return shlex.join([exe, here(os.path.abspath(__file__)), *map(str, args)])
 
 
 def _with_compile_cache(main_fn):

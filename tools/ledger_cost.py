@@ -7,7 +7,7 @@ figures are the host's dispatch path alone): torch's functional all-gather + wai
 rotation) and a c10d all-reduce (DDP's buckets), bare, with the ledger's kernels registered but idle (what every
 step paid until they were registered in instrumented steps only), and recording. Best of 5 rounds. In a run, an
 instrumented step (out of step_ms) carries the recording cost once per collective; the H200 runs showed ~100-200 us
-per collective there (docs/results/2026-12-04b-h200-session.md), more than these calls alone.
+per collective there (docs/archive/2026-12-04b-h200-session.md), more than these calls alone.
 """
 
 import argparse

@@ -4,7 +4,7 @@ history on, then the blocks live at the trace's peak, summed by the Python frame
     python tools/memory_peak.py --config configs/flux_4608.yaml --accelerator gpu --harness bare --cp ulysses \
         --weights zero2 --simulate-world 2 --warmup-steps 2 --steps 2 --wandb-mode disabled --output /tmp/mp
 
-(every argument is train_bench.py's). Found on the H200 (docs/results/2026-12-04e-h200-session.md): a zero2 run alone
+(every argument is train_bench.py's). Found on the H200 (docs/archive/2026-12-04e-h200-session.md): a zero2 run alone
 peaked at 9.3 GiB where the in-process sweep had reported 52 GiB, earlier runs' state never freed.
 """
 

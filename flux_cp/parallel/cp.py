@@ -205,7 +205,7 @@ class AllGatherKV(CPStrategy):
         super().__init__(*args, **kwargs)
         if self.sdpa_backend == "auto" and self.device is not None and self.device.type == "cuda":
             # On torch 2.11 the training step faulted (illegal memory access) with cuDNN SDPA and queries
-            # shorter than keys, though isolated calls pass (docs/results/2026-12-02-h200-timing.md): pin flash.
+            # shorter than keys, though isolated calls pass (docs/archive/2026-12-02-h200-timing.md): pin flash.
             self.sdpa_backend = "flash"
 
     def sdpa_shapes(self, b, h, s_local, d):
@@ -263,7 +263,7 @@ class TorchRing(CPStrategy):
         self._dummy = torch.zeros(self.world, device=self.device)
         if self.sdpa_backend == "auto":
             # On torch 2.11 the ring's cuDNN path (SDPA's default on H200) gives wrong gradients and then
-            # faults (tests/test_gpu.py, docs/results/2026-12-02-h200-w1.md): pin flash, which is exact.
+            # faults (tests/test_gpu.py, docs/archive/2026-12-02-h200-w1.md): pin flash, which is exact.
             self.sdpa_backend = "flash"
 
     def attention(self, q, k, v):

@@ -25,7 +25,7 @@ backward into the next step's forward, as FSDP prefetches: the forward's first c
 forward_share of the buckets on the side stream, in forward order, and each unit of the forward (an embedder, a
 block, the output layers) waits for its own buckets' gathers before it runs; the rest, the last layers' (reduced
 first, read last), stay under the backward. At W=8 the backward cannot hide both the reduce-scatters and the gathers
-(docs/results/2026-12-04e-h200-session.md): the forward takes all or part of the gathers (about as much
+(docs/archive/2026-12-04e-h200-session.md): the forward takes all or part of the gathers (about as much
 communication as compute in each phase: the backward is ~2/3 of the step and carries every reduce-scatter).
 Between steps those parameters are stale (this rank's shards updated, the rest not yet gathered): flush() gathers
 them whole.

@@ -77,13 +77,13 @@ def _ledger_note(run: Run, own_ledger: bool) -> str | None:
     misses, twin = misses_grad_sync(run), run.ledger_twin
     if twin is not None and misses:
         return (f"its ledger misses the backward's collectives (a --step-graph run recorded before they were: "
-                f"docs/results/2026-12-04c-h200-session.md): priced with its eager twin's, {twin.name}")
+                f"docs/archive/2026-12-04c-h200-session.md): priced with its eager twin's, {twin.name}")
     if twin is not None:
         return (f"its collectives replay inside one CUDA graph (the ledger has their bytes, not their place in the "
                 f"step): placed as its eager twin's ledger places them, {twin.name}")
     if own_ledger and misses:
         return ("the ledger holds no gradient all-reduce (a --step-graph run recorded before its backward's "
-                "collectives were: docs/results/2026-12-04c-h200-session.md) and no eager twin among the runs has: "
+                "collectives were: docs/archive/2026-12-04c-h200-session.md) and no eager twin among the runs has: "
                 "that communication is not priced")
     if own_ledger and run.d.get("step_graph"):
         return ("its collectives replay inside one CUDA graph and no eager twin among the runs places them: priced "

@@ -9,12 +9,27 @@
       cp: [allgather-kv, ulysses]
       data.image_height: [8, 16]    # ... or a dotted model./data. key
     exclude: [{devices: 1, cp: ulysses}]   # optional: partial points to leave out
+    include:                        # optional: more points, each entry a grid of its own (below)
+      - {devices: 1, cp: none}
+
+`include:` entries are written like `axes` (a bare value is one value; a list-valued setting's one value is
+[[...]], as in `axes`). Each entry is crossed with the axes it does not name, and its settings apply over `base`:
+with the axes above, `{devices: 1, cp: none}` adds devices-1_cp-none_image_height-8 and -16; a key that is not an
+axis (e.g. `{cp: none, sdpa_backend: [auto, flash]}`) is a setting of those points only and part of their names.
+This is how one suite holds points that differ in more than their axis values, such as the W=1 baselines of a
+W >= 2 grid (`axes: {simulate_world: [2, 8]}` with `base: {cp: torch}`; `include: [{simulate_world: 1, cp:
+none}]`). Include's points run first (the baselines a grid is divided by: a call cut at its limit still has them),
+then the grid's. `exclude:` applies to both: it leaves out every point whose settings (base, then the point's) hold
+all of its entry's values; its keys are axes or include keys. Two points with the same settings are an error.
 
 Each run is its own `scripts/train_bench.py` process group (Lightning launches its ranks) writing
 <output>/<run>/summary.json and train_bench.log. sweep.json has the sweep's `status` (running | interrupted |
 complete: every run ok | failed: some runs not) and `counts`, and lists every run: name, point, args, status
-(pending | ok | oom | failed | timeout), finished (when it ended), duration_s, output, error, shape.
-A run whose summary.json is complete stays `ok` when the sweep is run again (resume), and is not run again.
+(pending | ok | oom | failed | timeout), finished (when it ended), duration_s, output, error, shape, exit_code.
+A run whose summary.json is complete stays `ok` when the sweep is run again (resume), and is not run again; what
+sweep.json recorded of it (exit_code, finished, duration_s, ...) is kept.
+On Ctrl-C (SIGINT) or SIGTERM the sweep stops the running run (SIGTERM to its process group, which writes its
+summary.json; SIGKILL after STOP_GRACE_S), records it, and leaves the rest pending: running it again resumes.
 """
 
 import dataclasses
@@ -33,16 +48,17 @@ import yaml
 
 from flux_cp.checks import resolve
 from flux_cp.config import ConfigError, DataConfig, ModelConfig, RunConfig, parse_config
-from flux_cp.runs.failures import KIND_OF_EXIT
+from flux_cp.runs.failures import EXIT_INTERRUPTED, KIND_OF_EXIT, Terminated
 from flux_cp.runs.results import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_BENCH = ROOT / "scripts" / "train_bench.py"
-SWEEP_KEYS = ("name", "config", "output", "timeout_s", "base", "axes", "exclude")
+SWEEP_KEYS = ("name", "config", "output", "timeout_s", "base", "axes", "exclude", "include")
 RUN_KEYS = {f.name for f in dataclasses.fields(RunConfig)}
 NESTED_KEYS = {k: {f.name for f in dataclasses.fields(c)} for k, c in (("model", ModelConfig), ("data", DataConfig))}
 STOP_GRACE_S = 30  # after Ctrl-C / SIGTERM, the current run's time to flush its summary.json
 SET_BY_SWEEP = ("output", "group")  # each run's folder and the sweep's wandb group
+SWEEP_DEFINES = ("name", "point", "args", "output", "shape")  # a run's sweep.json fields from the sweep config
 
 
 @dataclass
@@ -113,6 +129,7 @@ def load_sweep(
     base = spec.get("base") or {}
     axes = spec.get("axes")
     exclude = spec.get("exclude") or []
+    include = spec.get("include") or []
     if not isinstance(base, dict):
         errors.append("base: must be a mapping of settings")
         base = {}
@@ -127,13 +144,25 @@ def load_sweep(
     if not isinstance(exclude, list) or not all(isinstance(e, dict) for e in exclude):
         errors.append("exclude: must be a list of mappings (partial points)")
         exclude = []
-    for where, keys in (("base", base), ("axes", axes), *((f"exclude[{i}]", e) for i, e in enumerate(exclude))):
+    if not isinstance(include, list) or not all(isinstance(e, dict) and e for e in include):
+        errors.append("include: must be a list of non-empty mappings (settings, each a value or a list of values)")
+        include = []
+    include = [{k: v if isinstance(v, list) else [v] for k, v in e.items()} for e in include]  # a bare value: one
+    for i, e in enumerate(include):
+        for k, vals in e.items():
+            if not vals:
+                errors.append(f"include[{i}].{k}: empty list (give a value or a non-empty list of values)")
+                bad.add(k)
+    varying = set(axes).union(*include)  # what exclude may name: an axis or an include key
+    entries = (("base", base), ("axes", axes), *((f"include[{i}]", e) for i, e in enumerate(include)),
+               *((f"exclude[{i}]", e) for i, e in enumerate(exclude)))
+    for where, keys in entries:
         for k in keys:
             if problem := _setting_problem(k):
                 errors.append(f"{where}.{k}: {problem}")
                 bad.add(k)
-            elif where.startswith("exclude") and k not in axes:
-                errors.append(f"{where}.{k}: not an axis")
+            elif where.startswith("exclude") and k not in varying:
+                errors.append(f"{where}.{k}: not an axis or an include key")
     config = Path(spec.get("config") or "")
     if not spec.get("config"):
         errors.append("config: missing (the train_bench config of every run, e.g. configs/tiny.yaml)")
@@ -145,18 +174,24 @@ def load_sweep(
     if not config.is_file() or not (axes := {k: v for k, v in axes.items() if k not in bad}):
         raise ConfigError("\n".join(errors))
     base = {k: v for k, v in base.items() if k not in bad}
+    include = [{k: v for k, v in e.items() if k not in bad} for e in include]
 
     out = Path(output or spec.get("output") or Path("sweeps") / name)
-    runs, point_errors = [], {}
-    for values in itertools.product(*axes.values()):
-        point = dict(zip(axes, values))
-        if any(all(point.get(k) == v for k, v in e.items()) for e in exclude):
-            continue
+    runs, point_errors, seen = [], {}, {}
+    for point in _points(axes, include):
         settings = {"timeout_s": timeout_s, **base, **point}
+        if any(all(k in settings and settings[k] == v for k, v in e.items()) for e in exclude):
+            continue
+        run_name = _slug(point)
+        same = json.dumps(settings, sort_keys=True, default=str)
+        if same in seen:
+            errors.append(f"runs {seen[same]} and {run_name} have the same settings (an include entry repeats a "
+                          "point: drop it, or exclude the point)")
+            continue
+        seen[same] = run_name
         args = ["--config", str(config)]
         for k, v in settings.items():
             args += _flag(k, v)
-        run_name = _slug(point)
         args += ["--output", str(out / run_name), "--group", name]
         try:
             cfg = resolve(parse_config(args, cuda_available=cuda_available), cuda_available=cuda_available,
@@ -176,6 +211,17 @@ def load_sweep(
     if errors:
         raise ConfigError("\n".join(errors))
     return Sweep(name, str(path), out, runs, float(timeout_s))
+
+
+def _points(axes: dict, include: list[dict]):
+    """Include's points (each entry crossed with the axes it does not name: axes first, in their order, then the
+    entry's own keys), then the grid's."""
+    for entry in include:
+        grid = {k: entry.get(k, v) for k, v in axes.items()} | {k: v for k, v in entry.items() if k not in axes}
+        for values in itertools.product(*grid.values()):
+            yield dict(zip(grid, values))
+    for values in itertools.product(*axes.values()):
+        yield dict(zip(axes, values))
 
 
 def _names(names: list[str]) -> str:
@@ -247,6 +293,7 @@ class Runner:
         self.poll_s = poll_s
         self.stop_signal: int | None = None
         self._proc: subprocess.Popen | None = None
+        self._here = False  # a run is running in this process (in_process)
         prior = {}
         if self.index_path.is_file():
             prior = {r["name"]: r for r in json.loads(self.index_path.read_text()).get("runs", [])}
@@ -254,9 +301,9 @@ class Runner:
 
     def _record(self, run: Run, prior: dict | None) -> dict:
         rec = {"name": run.name, "point": run.point, "args": run.args, "status": "pending", "finished": None,
-               "duration_s": None, "output": str(run.output), "error": None, "shape": run.shape}
-        if prior and prior.get("args") == run.args:  # same run as last time: keep what it recorded
-            rec.update({k: prior.get(k) for k in ("status", "finished", "duration_s", "error")})
+               "duration_s": None, "output": str(run.output), "error": None, "shape": run.shape, "exit_code": None}
+        if prior and prior.get("args") == run.args:  # same run as last time: keep everything it recorded
+            rec.update({k: v for k, v in prior.items() if k not in SWEEP_DEFINES})
         return rec
 
     def status(self, running: bool) -> str:
@@ -275,9 +322,11 @@ class Runner:
                                             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": self.records})
 
     def _on_signal(self, signum, frame):
-        self.stop_signal = signum
+        self.stop_signal = self.stop_signal or signum  # the first names the interruption
         if self._proc is not None and self._proc.poll() is None:
             _signal_group(self._proc.pid, signal.SIGTERM)  # train_bench flushes its summary.json and exits
+        elif self._here:  # a run in this process, before it set handlers of its own: stopped as train_bench stops
+            raise Terminated("SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt
 
     def run(self, progress=None) -> int:
         """Returns the number of runs that did not end ok (the sweep goes on past them)."""
@@ -319,13 +368,14 @@ class Runner:
             self._proc = proc = subprocess.Popen([sys.executable, str(TRAIN_BENCH), *run.args], stdout=f,
                                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                                  start_new_session=True)
-            guard_fired, last_beat, last_mtime, stopping = False, t0, None, None
+            guard_fired, last_beat, last_mtime, stopping, killed = False, t0, None, None, False
             while proc.poll() is None:
                 time.sleep(self.poll_s)
                 if self.stop_signal is not None:  # forwarded as SIGTERM; a run that ignores it is killed
                     stopping = stopping or time.monotonic()
                     if time.monotonic() - stopping > STOP_GRACE_S:
                         _signal_group(proc.pid, signal.SIGKILL)
+                        killed = True
                 mtime = _mtime(run.output / "summary.json")
                 if mtime != last_mtime:  # rank 0 rewrites summary.json after every step
                     last_beat, last_mtime = time.monotonic(), mtime
@@ -343,8 +393,9 @@ class Runner:
         summary = read_summary(run.output)
         status = classify(proc.returncode, summary, guard_fired)
         error = None if status == "ok" else _error_line(summary, log)
-        if self.stop_signal is not None and status != "ok":
-            error = f"interrupted by {signal.Signals(self.stop_signal).name}" + (f": {error}" if error else "")
+        if self.stop_signal is not None and status != "ok" and _stopped(proc.returncode, summary):
+            error = self.interrupted_line() + (f" (SIGKILL: it ignored SIGTERM for {STOP_GRACE_S} s)" if killed
+                                               else "")
         if guard_fired:
             error = f"no progress for {self.guard_s:.0f} s: run killed by the sweep"
         rec.update(status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2), error=error,
@@ -368,12 +419,13 @@ class Runner:
                 contextlib.redirect_stderr(f):
             mark_run_start()
             try:
+                self._here = True
                 rc = self.in_process(list(run.args))
             except BaseException as e:  # noqa: BLE001  (the sweep goes on, as with a failed process)
                 print(f"sweep: run raised {type(e).__name__}: {e}", file=f)
-                rc = 1
-                if isinstance(e, KeyboardInterrupt):
-                    self.stop_signal = signal.SIGINT
+                rc = EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else 1
+            finally:
+                self._here = False
         for s, h in handlers.items():
             signal.signal(s, h)
         if dist.is_available() and dist.is_initialized():
@@ -386,17 +438,42 @@ class Runner:
             torch.cuda.empty_cache()
         summary = read_summary(run.output)
         status = classify(rc, summary, False)
+        error = None if status == "ok" else _error_line(summary, run.output / "train_bench.log")
+        if status != "ok" and _stopped(rc, summary):
+            # train_bench's own handlers were in charge while it ran (SIGTERM: callbacks/guard.py): the sweep stops
+            # with the run, named by the signal it took
+            self.stop_signal = self.stop_signal or (signal.SIGTERM if "SIGTERM" in (error or "") else signal.SIGINT)
+            error = self.interrupted_line()
         rec.update(status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2),
-                   error=None if status == "ok" else _error_line(summary, run.output / "train_bench.log"),
-                   exit_code=rc)
+                   error=error, exit_code=rc)
         if status != "ok" and CUDA_STATE_LOST.search(rec["error"] or ""):
             self.in_process = None
             self._log(f"sweep: {run.name} left this process's CUDA state unusable: the remaining runs each in their "
                       "own process")
 
+    def interrupted_line(self) -> str:
+        """What stopped the sweep, named once (the sweep forwards SIGTERM to its run whatever it got)."""
+        return f"interrupted: the sweep got {signal_name(self.stop_signal)} and stopped this run"
+
     def _log(self, msg: str) -> None:
         if self.console is not None:
             self.console.print(msg, markup=False, highlight=False, soft_wrap=True)
+
+
+def signal_name(signum: int | None) -> str:
+    if signum is None:
+        return "a signal"
+    name = signal.Signals(signum).name
+    return f"{name} (Ctrl-C)" if signum == signal.SIGINT else name
+
+
+def _stopped(rc: int | None, summary: dict | None) -> bool:
+    """The run ended because it was told to stop (its summary says interrupted, or no summary says otherwise and
+    its exit code is the interrupted one, or a signal's), not on an error of its own."""
+    kind = (summary or {}).get("error_kind")
+    if kind is not None:
+        return kind == "interrupted"
+    return rc is None or rc < 0 or KIND_OF_EXIT.get(rc) == "interrupted"
 
 
 def _when(t: float | None) -> str | None:
