@@ -97,3 +97,20 @@ def test_throughput_and_mfu_from_a_step():
     assert t["throughput/device/items_per_sec"] == pytest.approx(8 * 4608 / 0.1 / 4)
     assert t["throughput/device/mfu"] == pytest.approx(3e12 * 8 / 0.1 / 4 / 989e12)
     assert "throughput/device/mfu" not in throughput(100.0, 1, 1, 10, 1.0, None)
+
+
+@pytest.mark.gpu
+def test_attention_flops_equal_the_counters_on_the_gpu():
+    """On CUDA the counter sees SDPA's own kernels (flash / efficient / cuDNN): the whole forward, attention included,
+    equals the count from the shapes, no matmul substitution needed (bf16, Flux's head size, 4608 tokens)."""
+    cfg = parse_config(["--config", "configs/flux_4608.yaml", "--model.double_blocks", "1", "--model.single_blocks",
+                        "1"], cuda_available=True)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = FluxDiT(cfg.model).to(torch.bfloat16)
+    b = {k: v.cuda() for k, v in make_batch(cfg.data, cfg.model, 0).items()}
+    rope = model.rope(text_ids(cfg.data.text_tokens).cuda(), image_ids(cfg.data.image_height,
+                                                                       cfg.data.image_width).cuda())
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        model(b["x_t"].bfloat16(), b["text"].bfloat16(), b["pooled"].bfloat16(), b["t"], rope)
+    assert model_flops(cfg.model, cfg.data)["total"] == pytest.approx(fc.get_total_flops(), rel=0.02)
