@@ -114,3 +114,22 @@ def test_attention_flops_equal_the_counters_on_the_gpu():
     with torch.no_grad(), FlopCounterMode(display=False) as fc:
         model(b["x_t"].bfloat16(), b["text"].bfloat16(), b["pooled"].bfloat16(), b["t"], rope)
     assert model_flops(cfg.model, cfg.data)["total"] == pytest.approx(fc.get_total_flops(), rel=0.02)
+
+
+def test_a_profiled_step_names_where_mfu_is_lost():
+    """With a kernel breakdown (--profile), each part's achieved TFLOP/s and share of the peak: the GEMMs' and the
+    attention's model FLOPs over their kernel time, the rest in ms."""
+    from flux_cp.runs.results import throughput_of
+
+    cfg = parse_config(["--config", "configs/flux_4608.yaml"], cuda_available=False)
+    f = model_flops(cfg.model, cfg.data)
+    d = {"config": cfg.to_dict(), "env": {"device": "NVIDIA H200"}, "world_size": 1, "dp": 1,
+         "metrics": {"step_ms": {"median": 60.0}},
+         "profile": {"breakdown_ms": {"gemm": 30.0, "attention": 8.0, "other": 15.0, "optimizer": 2.0, "busy": 55.0,
+                                      "idle": 5.0, "step": 60.0, "comm_grad": 0.0, "comm_attention": 0.0}}}
+    t = throughput_of(d | {"config": {**d["config"], "run": {**d["config"]["run"], "precision": "bf16-true"}}})
+    e = t["efficiency"]
+    assert e["gemm"]["tflops"] == pytest.approx(3 * f["gemm"] / 0.030 / 1e12)
+    assert e["attention"]["of_peak"] == pytest.approx(3 * f["attention"] / 0.008 / 989e12)
+    assert e["rest_ms"] == 17.0 and e["idle_ms"] == 5.0
+    assert t["throughput/device/mfu"] == pytest.approx(3 * f["total"] / 0.060 / 989e12)

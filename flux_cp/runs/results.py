@@ -211,7 +211,23 @@ def throughput_of(d: dict, step_ms: float | None = None) -> dict:
     samples = d.get("dp", 1) * data.batch_size  # the global batch: each data-parallel group its own samples
     out = throughput(step_ms, d.get("world_size", 1), samples, data.seq_len, model_flops(model, data)["total"], peak)
     basis = "a simulated rank's compute, collectives not priced" if d.get("collectives") == "fake" else "measured"
-    return out | {"peak_flops": peak, "peak_source": peak_source, "basis": basis, "step_ms": step_ms}
+    out |= {"peak_flops": peak, "peak_source": peak_source, "basis": basis, "step_ms": step_ms}
+    bd = (d.get("profile") or {}).get("breakdown_ms")
+    if bd:  # --profile: each part's kernel time a step against its model FLOPs (3 x forward): where MFU is lost
+        f = model_flops(model, data)
+        world = d.get("world_size", 1)
+        parts = {}
+        for part in ("gemm", "attention"):
+            ms = bd.get(part)
+            flops = 3.0 * f[part] * samples / world  # a rank's share
+            parts[part] = {"ms": ms, "tflops": flops / (ms / 1e3) / 1e12 if ms else None}
+            if peak and ms:
+                parts[part]["of_peak"] = flops / (ms / 1e3) / peak
+        rest = [v for k, v in bd.items() if k not in ("gemm", "attention", "busy", "step", "idle")]
+        parts["rest_ms"] = sum(v for v in rest if isinstance(v, (int, float)))  # elementwise, optimizer, comm
+        parts["idle_ms"] = bd.get("idle")
+        out["efficiency"] = parts
+    return out
 
 
 def pooled_overhead(lit: list[float], bare: list[float], resamples: int = 2000) -> tuple[float, list[float]]:
