@@ -130,7 +130,9 @@ def test_in_process_sweep_trains_as_separate_processes(tmp_path):
     names = {name for _, name in runs}
     assert len(names) == 2 and all(("in", n) in runs and ("sub", n) in runs for n in names)
     for n in names:
-        assert runs["in", n]["loss"] == runs["sub", n]["loss"] and len(runs["in", n]["loss"]) == 4, n
+        run = runs["in", n]["config"]["run"]
+        assert runs["in", n]["loss"] == runs["sub", n]["loss"], n
+        assert len(runs["in", n]["loss"]) == run["warmup_steps"] + run["steps"], n
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"name: b\nconfig: {TINY}\nbase: {{wandb_mode: disabled}}\naxes:\n  devices: [1, 2]\n")
     r = sweep(bad, "--output", tmp_path / "bad", "--in-process")

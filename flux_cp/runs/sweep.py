@@ -48,7 +48,7 @@ import yaml
 
 from flux_cp.checks import resolve
 from flux_cp.config import ConfigError, DataConfig, ModelConfig, RunConfig, parse_config
-from flux_cp.runs.failures import EXIT_INTERRUPTED, KIND_OF_EXIT, Terminated
+from flux_cp.runs.failures import EXIT_INTERRUPTED, HEARTBEAT, KIND_OF_EXIT, Terminated
 from flux_cp.runs.results import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -287,7 +287,8 @@ class Runner:
         self.sweep = sweep
         self.in_process = in_process
         self.index_path = sweep.output / "sweep.json"
-        # backstop above train_bench's own watchdog: the run is killed after no summary.json update for this long
+        # backstop above train_bench's own watchdog: the run is killed after no sign of progress (a new summary.json, a
+        # rank's next step in its heartbeat file) for this long
         self.guard_s = 2 * sweep.timeout_s + 60
         self.console = console
         self.poll_s = poll_s
@@ -376,8 +377,8 @@ class Runner:
                     if time.monotonic() - stopping > STOP_GRACE_S:
                         _signal_group(proc.pid, signal.SIGKILL)
                         killed = True
-                mtime = _mtime(run.output / "summary.json")
-                if mtime != last_mtime:  # rank 0 rewrites summary.json after every step
+                mtime = (_mtime(run.output / "summary.json"), _steps(run.output))
+                if mtime != last_mtime:  # a new summary.json (rank 0 rewrites it while measuring) or a rank's next step
                     last_beat, last_mtime = time.monotonic(), mtime
                     if progress and (s := read_summary(run.output)):
                         # steps so far (a run over fake collectives has no losses: its measured steps)
@@ -478,6 +479,18 @@ def _stopped(rc: int | None, summary: dict | None) -> bool:
 
 def _when(t: float | None) -> str | None:
     return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def _steps(out: Path) -> tuple:
+    """The step each rank is in, from its heartbeat file (flux_cp/runs/failures.py: rewritten every POLL_S while it
+    runs, its step advancing with the run): progress between summary.json writes."""
+    steps = []
+    for f in sorted(out.glob(HEARTBEAT.format("*"))):
+        try:
+            steps.append(json.loads(f.read_text()).get("step"))
+        except (OSError, ValueError):
+            pass
+    return tuple(steps)
 
 
 def _mtime(path: Path) -> float | None:
