@@ -186,3 +186,166 @@ def test_every_suite_checks_out_on_the_one_gpu_device():
         except ConfigError as e:
             bad[f.name] = str(e)
     assert not bad, bad
+
+
+# ---------------------------------------------------------------- include: points beyond the grid
+
+
+INCLUDE = """name: inc
+config: {tiny}
+base: {{accelerator: cpu, wandb_mode: disabled, cp: allgather-kv}}
+axes:
+  devices: [2, 4]
+  harness: [bare, lightning]
+exclude: [{{devices: 4, harness: bare}}, {{cp: none, harness: lightning}}]
+include:
+  - {{devices: 1, cp: none}}
+  - {{devices: 1, steps: [2, 3, null], harness: bare}}
+"""
+
+
+def test_include_adds_points_crossed_with_the_axes_they_do_not_name(tmp_path):
+    """An include entry is a grid of its own over base: it fixes the axes it names, is crossed with the others, and
+    its other keys are its points' settings (and names); its points run before the grid's; exclude applies to both
+    (here on an include key, cp); a null setting is not passed (the config's value); sweep.json records each
+    point."""
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(INCLUDE.format(tiny=TINY))
+    sw = load_sweep(cfg, str(tmp_path / "out"), cuda_available=False, gpu_count=0)
+    assert [r.name for r in sw.runs] == [
+        "devices-1_harness-bare_cp-none",  # its lightning twin excluded by {cp: none, harness: lightning}
+        "devices-1_harness-bare_steps-2", "devices-1_harness-bare_steps-3", "devices-1_harness-bare_steps-none",
+        "devices-2_harness-bare", "devices-2_harness-lightning", "devices-4_harness-lightning"]
+    runs = {r.name: r for r in sw.runs}
+
+    def setting(run, flag):
+        return run.args[len(run.args) - 1 - run.args[::-1].index(flag) + 1]  # the last one given wins
+
+    assert setting(runs["devices-1_harness-bare_cp-none"], "--cp") == "none"
+    assert setting(runs["devices-1_harness-bare_steps-2"], "--cp") == "allgather-kv"  # base
+    assert setting(runs["devices-1_harness-bare_steps-3"], "--steps") == "3"
+    assert runs["devices-1_harness-bare_cp-none"].point == {"devices": 1, "harness": "bare", "cp": "none"}
+    assert runs["devices-2_harness-lightning"].point == {"devices": 2, "harness": "lightning"}
+    assert "--steps" not in runs["devices-1_harness-bare_steps-none"].args
+    assert runs["devices-1_harness-bare_steps-none"].steps == runs["devices-2_harness-bare"].steps  # tiny.yaml's
+    assert [r.processes for r in sw.runs] == [1, 1, 1, 1, 2, 2, 4]
+    Runner(sw).write_index(running=False)
+    index = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert [x["point"] for x in index["runs"]] == [r.point for r in sw.runs]
+    assert all(x["status"] == "pending" and x["exit_code"] is None for x in index["runs"])
+
+
+def test_a_bad_include_is_reported_whole(tmp_path):
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"name: b\nconfig: {TINY}\nbase: {{accelerator: cpu, cp: allgather-kv}}\n"
+                   "axes:\n  devices: [1, 2]\n"
+                   "include:\n  - {devices: 2}\n  - {model.num_hedz: 4}\n  - {harness: []}\n"
+                   "exclude: [{steps: 3}]\n")
+    with pytest.raises(ConfigError) as e:
+        load_sweep(cfg, str(tmp_path / "out"), cuda_available=False, gpu_count=0)
+    lines = str(e.value).splitlines()
+    for needle in ("include[1].model.num_hedz: unknown setting", "include[2].harness: empty list",
+                   "exclude[0].steps: not an axis or an include key",
+                   "runs devices-2 and devices-2 have the same settings"):
+        assert sum(needle in ln for ln in lines) == 1, (needle, lines)
+    assert len(lines) == 4, lines
+    cfg.write_text(f"name: b\nconfig: {TINY}\naxes:\n  devices: [1]\ninclude: [devices-2]\n")
+    with pytest.raises(ConfigError, match="include: must be a list of non-empty mappings"):
+        load_sweep(cfg, str(tmp_path / "out"), cuda_available=False, gpu_count=0)
+
+
+def test_the_readme_cpu_sweep_logs_offline_wandb_runs():
+    """configs/sweep_cpu.yaml (the README's sweep): every run logs an offline wandb run, so a user has runs to compare."""
+    sw = load_sweep(ROOT / "configs" / "sweep_cpu.yaml", cuda_available=False, gpu_count=0)
+    assert len(sw.runs) == 4
+    for run in sw.runs:
+        i = run.args.index("--wandb-mode")
+        assert run.args[i + 1] == "offline" and "--wandb-mode" not in run.args[i + 1:], run.args
+
+
+# ---------------------------------------------------------------- the interrupt path
+
+
+def test_a_resumed_sweep_keeps_what_sweep_json_recorded(tmp_path):
+    """A run complete before (resume) is not run again and keeps every field sweep.json recorded of it: its exit
+    code, when it ended, how long it took (and fields this version does not know); a run whose settings changed
+    starts afresh."""
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"name: r\nconfig: {TINY}\nbase: {{accelerator: cpu, wandb_mode: disabled}}\n"
+                   "axes:\n  harness: [bare, lightning]\n")
+    out = tmp_path / "out"
+    sw = load_sweep(cfg, str(out), cuda_available=False, gpu_count=0)
+    bare, lit = sw.runs
+    for run in sw.runs:  # both measured whole before
+        run.output.mkdir(parents=True)
+        (run.output / "summary.json").write_text(json.dumps({"complete": True}))
+    prior = Runner(sw).records
+    prior[0].update(status="ok", exit_code=0, finished="2026-12-05T01:02:03", duration_s=12.5, note="kept")
+    prior[1]["args"] = ["--steps", "99"]  # recorded with other settings: not this run
+    prior[1].update(status="ok", exit_code=0, finished="2026-12-05T01:02:04", duration_s=9.0)
+    out.joinpath("sweep.json").write_text(json.dumps({"schema": 1, "runs": prior}))
+
+    runner = Runner(load_sweep(cfg, str(out), cuda_available=False, gpu_count=0))
+    assert runner.run() == 0
+    index = json.loads((out / "sweep.json").read_text())
+    assert index["status"] == "complete"
+    kept, fresh = index["runs"]
+    assert kept["name"] == bare.name and kept["args"] == bare.args
+    assert (kept["status"], kept["exit_code"], kept["finished"], kept["duration_s"], kept["note"]) == (
+        "ok", 0, "2026-12-05T01:02:03", 12.5, "kept")
+    assert fresh["name"] == lit.name and fresh["args"] == lit.args and fresh["status"] == "ok"
+    assert fresh["exit_code"] is None and fresh["duration_s"] is None and fresh["finished"] is not None
+
+
+@pytest.mark.slow  # three real runs, one interrupted, then resumed: ~1-2 min on 2 cores
+def test_an_interrupted_sweep_says_how_to_resume_and_resuming_keeps_the_finished_runs(tmp_path):
+    """Ctrl-C (SIGINT) mid-run: the sweep stops that run (SIGTERM to its process group), records it with the signal
+    named once, leaves the rest pending and ends with the exact command that resumes it (exit 130). That command
+    runs the rest; every run finished before keeps its exit code 0 in sweep.json (it was None after a resume). Runs
+    log offline wandb runs, as the README's CPU sweep does."""
+    import shlex
+    import signal
+    import time
+
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"name: i\nconfig: {TINY}\ntimeout_s: 60\nbase: {{accelerator: cpu, wandb_mode: offline, "
+                   "steps: 60}\naxes:\n  devices: [1, 2]\ninclude:\n  - {devices: 1, steps: 2}\n")
+    out = tmp_path / "out"
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "FLUX_CP_TEST_MARK": marker}
+    proc = subprocess.Popen([sys.executable, str(SWEEP), str(cfg), "--output", str(out)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    long = out / "devices-1"
+    deadline = time.monotonic() + 240
+    while not (long / "summary.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)  # the 60-step run has started its steps (its summary.json is written before the first)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    lines = [ln for ln in err.strip().splitlines() if "━" not in ln]
+    index = json.loads((out / "sweep.json").read_text())
+    assert index["status"] == "interrupted" and index["counts"] == {"ok": 1, "failed": 1, "pending": 1}, index
+    first, cut, rest = index["runs"]
+    assert (first["name"], first["status"], first["exit_code"]) == ("devices-1_steps-2", "ok", 0)
+    assert (cut["name"], cut["status"], cut["exit_code"]) == ("devices-1", "failed", 130)
+    assert cut["error"] == "interrupted: the sweep got SIGINT (Ctrl-C) and stopped this run"
+    assert f"[failed] 2/3 devices-1: {cut['error']}" in lines
+    assert (rest["status"], rest["exit_code"]) == ("pending", None)
+    assert sum("SIG" in ln for ln in lines) == 2, lines  # the failed run's line and the closing one
+    assert lines[-2] == ("interrupted by SIGINT (Ctrl-C): 2 run(s) not done; the same command resumes (complete runs "
+                         "are kept, not run again):")
+    command = shlex.split(lines[-1].removeprefix("resume: "))
+    assert lines[-1].startswith("resume: ") and command[1:] == ["scripts/sweep.py", str(cfg), "--output", str(out)]
+    assert leftover_processes(marker) == []
+
+    r = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    index = json.loads((out / "sweep.json").read_text())
+    assert index["status"] == "complete" and index["counts"] == {"ok": 3}
+    assert [x["exit_code"] for x in index["runs"]] == [0, 0, 0]
+    again = index["runs"][0]
+    assert (again["finished"], again["duration_s"]) == (first["finished"], first["duration_s"])  # not run again
+    for x in index["runs"]:
+        assert list((Path(x["output"]) / "wandb").glob("offline-run-*")), x["name"]
+    assert leftover_processes(marker) == []

@@ -17,8 +17,9 @@
 with the axes above, `{devices: 1, cp: none}` adds devices-1_cp-none_image_height-8 and -16; a key that is not an
 axis (e.g. `{cp: none, sdpa_backend: [auto, flash]}`) is a setting of those points only and part of their names.
 This is how one suite holds points that differ in more than their axis values, such as the W=1 baselines of a
-W >= 2 grid (`axes: {simulate_world: [2, 8]}` with `base: {cp: torch}`; `include: [{simulate_world: 1, cp:
-none}]`). Include's points run first (the baselines a grid is divided by: a call cut at its limit still has them),
+W >= 2 grid (`axes: {simulate_world: [2, 8]}` with `base: {cp: torch}`; `include: [{simulate_world: null, cp:
+none}]`). A null value, anywhere, is a setting not passed: the config's value, or train_bench's default (here: no
+simulated world, one real process). Include's points run first (the baselines a grid is divided by: a call cut at its limit still has them),
 then the grid's. `exclude:` applies to both: it leaves out every point whose settings (base, then the point's) hold
 all of its entry's values; its keys are axes or include keys. Two points with the same settings are an error.
 
@@ -174,7 +175,7 @@ def load_sweep(
     if not config.is_file() or not (axes := {k: v for k, v in axes.items() if k not in bad}):
         raise ConfigError("\n".join(errors))
     base = {k: v for k, v in base.items() if k not in bad}
-    include = [{k: v for k, v in e.items() if k not in bad} for e in include]
+    include = [e for e in include if not bad.intersection(e)]  # an entry with a bad setting: left out whole
 
     out = Path(output or spec.get("output") or Path("sweeps") / name)
     runs, point_errors, seen = [], {}, {}
@@ -191,7 +192,7 @@ def load_sweep(
         seen[same] = run_name
         args = ["--config", str(config)]
         for k, v in settings.items():
-            args += _flag(k, v)
+            args += [] if v is None else _flag(k, v)  # null: not passed (the config's value, or the default)
         args += ["--output", str(out / run_name), "--group", name]
         try:
             cfg = resolve(parse_config(args, cuda_available=cuda_available), cuda_available=cuda_available,
