@@ -35,3 +35,4 @@ def allreduce_hook(group, bucket) -> torch.futures.Future[torch.Tensor]:  # DDP 
     group = group if group is not None else dist.group.WORLD
     buf = bucket.buffer().div_(group.size())
     return dist.all_reduce(buf, group=group, async_op=True).get_future().then(lambda _: buf)
+
