@@ -42,7 +42,9 @@ def recipe_runs(tmp_path_factory):
         if key not in cache:  # on the tiny model (exact_run's first --config), the recipe's settings over it, fp64
             out = tmp_path_factory.mktemp(f"{recipe.stem}-w{devices}")
             # compile's warm-up is 2 steps at least: the same 10 steps, split 2 + 8
-            steps = ("--warmup-steps", 2, "--steps", 8) if _compiled(recipe) else ()
+            # aot_eager: dynamo's capture and autograd, not inductor's C++ codegen, whose cold cache (outside the
+            # repo, /tmp/torchinductor_*) once made this run 355 s against 30 s warm (the GPU tests run inductor)
+            steps = ("--warmup-steps", 2, "--steps", 8, "--compile-backend", "aot_eager") if _compiled(recipe) else ()
             cache[key] = exact_run(out, "--config", recipe, "--precision", "64-true", "--devices", devices, *steps,
                                    *_on_cpu(recipe), *extra)
         return cache[key]
