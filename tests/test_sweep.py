@@ -349,3 +349,38 @@ def test_an_interrupted_sweep_says_how_to_resume_and_resuming_keeps_the_finished
     for x in index["runs"]:
         assert list((Path(x["output"]) / "wandb").glob("offline-run-*")), x["name"]
     assert leftover_processes(marker) == []
+
+
+def test_the_suites_index_lists_every_suite_with_its_runs():
+    """configs/suites/README.md's table names every suite file, once, with the number of runs it expands to on a
+    one-GPU host; every name it gives as retired or merged is no longer a file unless it is a suite of today."""
+    import re
+
+    text = (ROOT / "configs" / "suites" / "README.md").read_text()
+    files = {f.stem: f for f in (ROOT / "configs" / "suites").glob("*.yaml")}
+    table = text.split("## Suites", 1)[1].split("##", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| (\d+) \|", table, re.M)
+    assert sorted(n for n, _ in rows) == sorted(files), rows
+    for name, runs in rows:
+        assert len(load_sweep(files[name], cuda_available=True, gpu_count=1).runs) == int(runs), name
+    older = text.split("## Merged", 1)[1]
+    named = set(re.findall(r"`(flux_\w+)`", older))
+    assert len(named - set(files)) >= 50 and all(not (ROOT / "configs" / "suites" / f"{n}.yaml").exists()
+                                                 for n in named - set(files))
+
+
+def test_gpu_session_refuses_a_suite_it_does_not_have_before_any_device_work(tmp_path):
+    """tools/gpu_session.sh with a retired suite name stops at once (exit 2) and says where to look, before it
+    creates $OUT or runs anything. CUDA's check passes here through a stand-in python3 that exits 0."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "OUT": str(out)}
+    r = subprocess.run(["bash", str(ROOT / "tools" / "gpu_session.sh"), "tests", "flux_user", "flux_sim_eager"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "gpu_session.sh: no suite flux_sim_eager in configs/suites/ (configs/suites/README.md: the suites, and where "
+        "retired or merged ones went)"], r.stderr
+    assert not out.exists()

@@ -2,12 +2,23 @@
 # A device call: named benchmark suites (configs/suites/<suite>.yaml), all in one scripts/sweep.py process (imports
 # once; each run in that process, --in-process), each into its own results folder, and the GPU tests if named.
 # Nothing here is a benchmark of its own: suites are.
-#   OUT=/some/dir tools/gpu_session.sh [tests] SUITE... [tests]   e.g.  tests flux_w1 flux_sim_eager
+#   OUT=/some/dir tools/gpu_session.sh [tests] SUITE... [tests]   e.g.  tests flux_user flux_recipe_best
+#   (the suites, the question each answers and the suites they replaced: configs/suites/README.md)
 #   (tests named first run first; named after a suite, they run after the suites)
 #   -> $OUT/session.log, $OUT/suites.tar.gz (<suite>/sweep.json, one folder per run: summary.json, train_bench.log)
 set -u
 if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
   echo "gpu_session.sh: no CUDA device is visible here: run it on the GPU machine" >&2
+  exit 2
+fi
+suites=(); files=(); tests=0; tests_first=0; missing=()
+for s in "$@"; do
+  if [ "$s" = tests ]; then tests=1; [ ${#suites[@]} -eq 0 ] && tests_first=1
+  else suites+=("$s"); files+=("configs/suites/$s.yaml"); [ -f "configs/suites/$s.yaml" ] || missing+=("$s"); fi
+done
+if [ ${#missing[@]} -gt 0 ]; then  # before any device time goes: a retired or merged name says where it went
+  echo "gpu_session.sh: no suite ${missing[*]} in configs/suites/ (configs/suites/README.md: the suites, and where" \
+       "retired or merged ones went)" >&2
   exit 2
 fi
 OUT=${OUT:-runs/gpu_session}; mkdir -p "$OUT"
@@ -18,11 +29,6 @@ export PYTHONUNBUFFERED=1 WANDB_SILENT=true
 export FLUX_CP_COMPILE_CACHE_IN=${FLUX_CP_COMPILE_CACHE_IN:-.cache/*.bin.xz}
 export FLUX_CP_COMPILE_CACHE_OUT=${FLUX_CP_COMPILE_CACHE_OUT:-$OUT/compile_cache.bin.xz}
 log() { echo "== $(date -u +%FT%TZ) $*"; }
-suites=(); files=(); tests=0; tests_first=0
-for s in "$@"; do
-  if [ "$s" = tests ]; then tests=1; [ ${#suites[@]} -eq 0 ] && tests_first=1
-  else suites+=("$s"); files+=("configs/suites/$s.yaml"); fi
-done
 # The GPU tests are mostly train_bench subprocesses (~15 s of imports each): 4 xdist workers share the one GPU; those
 # that time kernels against a plain script (marked exclusive: a neighbour's kernels moved one 33%) run alone after.
 # Each test's outcome goes to $OUT/tests.log as it ends (-v): a call cut at its limit still returns what passed.
