@@ -255,7 +255,7 @@ def test_a_bad_include_is_reported_whole(tmp_path):
 
 
 def test_the_readme_cpu_sweep_logs_offline_wandb_runs():
-    """configs/sweep_cpu.yaml (the README's sweep): every run logs an offline wandb run, so a user has runs to compare."""
+    """configs/sweep_cpu.yaml (the README's sweep): every run logs an offline wandb run: a user has runs to compare."""
     sw = load_sweep(ROOT / "configs" / "sweep_cpu.yaml", cuda_available=False, gpu_count=0)
     assert len(sw.runs) == 4
     for run in sw.runs:

@@ -19,9 +19,10 @@ axis (e.g. `{cp: none, sdpa_backend: [auto, flash]}`) is a setting of those poin
 This is how one suite holds points that differ in more than their axis values, such as the W=1 baselines of a
 W >= 2 grid (`axes: {simulate_world: [2, 8]}` with `base: {cp: torch}`; `include: [{simulate_world: null, cp:
 none}]`). A null value, anywhere, is a setting not passed: the config's value, or train_bench's default (here: no
-simulated world, one real process). Include's points run first (the baselines a grid is divided by: a call cut at its limit still has them),
-then the grid's. `exclude:` applies to both: it leaves out every point whose settings (base, then the point's) hold
-all of its entry's values; its keys are axes or include keys. Two points with the same settings are an error.
+simulated world, one real process). Include's points run first (the baselines a grid is divided by: a call cut at
+its limit still has them), then the grid's. `exclude:` applies to both: it leaves out every point whose settings
+(base, then the point's) hold all of its entry's values; its keys are axes or include keys. Two points with the
+same settings are an error.
 
 Each run is its own `scripts/train_bench.py` process group (Lightning launches its ranks) writing
 <output>/<run>/summary.json and train_bench.log. sweep.json has the sweep's `status` (running | interrupted |
