@@ -411,7 +411,6 @@ class Runner:
         import gc
 
         import torch
-        import torch.distributed as dist
 
         from flux_cp.runs.results import mark_run_start
 
@@ -431,8 +430,9 @@ class Runner:
                 self._here = False
         for s, h in handlers.items():
             signal.signal(s, h)
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        from flux_cp.runs.process_state import forget_process_groups
+
+        forget_process_groups()  # and DeviceMesh's and DTensor's caches of its meshes
         # Dynamo's caches and counters from this run's compiled model (guards on its modules, recompile counts, the
         # fake group it traced): on an H200 whole-model graph runs after other compiled runs failed in tracing.
         torch.compiler.reset()
