@@ -325,7 +325,7 @@ def test_gpu_session_without_a_gpu_fails_fast_and_leaves_nothing(tmp_path):
 
     marker = f"FLUX_CP_TEST_MARK=gpu-session-{tmp_path.name}"
     env = {**__import__("os").environ, "OUT": str(tmp_path / "out"), "FLUX_CP_TEST_MARK": marker.split("=", 1)[1]}
-    r = subprocess.run(["bash", str(ROOT / "tools" / "gpu_session.sh"), "flux_w1"], capture_output=True, text=True,
+    r = subprocess.run(["bash", str(ROOT / "tools" / "gpu_session.sh"), "flux_user"], capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "gpu_session.sh: no CUDA device is visible here: run it on the GPU machine"]

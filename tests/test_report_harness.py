@@ -225,7 +225,7 @@ def test_verdict_refuses_a_speedup_above_w_and_prefers_a_steady_baseline(tmp_pat
 
 
 def test_repeated_pairs_give_the_median_overhead(tmp_path):
-    """The same pair with other data seeds (flux_harness_repeat.yaml): one line per configuration and W with the
+    """The same pair with other data seeds (flux_harness_twin.yaml): one line per configuration and W with the
     median overhead over the pairs and its range; a pair seen once forms no group."""
     w1 = [("lit-w1", None), ("bare-w1", "bare")]
     for name, h in w1:

@@ -113,7 +113,7 @@ def _pooled_verdict(ci: list[float]) -> str:
 
 
 def harness_repeats(runs: list[Run], bare: dict[str, list[Run]]) -> list[dict]:
-    """Pairs of one configuration and W repeated with other data seeds (configs/suites/flux_harness_repeat.yaml):
+    """Pairs of one configuration and W repeated with other data seeds (configs/suites/flux_harness_twin.yaml):
     every Lightning run with a bare twin of its own seed, grouped over the seeds; the median overhead of a group and
     its range. One pair cannot show a few % where steps move ~15% run to run; several interleaved pairs can, and so
     can every measured step of the group pooled per harness, with a bootstrap interval (`pooled_*`)."""
