@@ -154,7 +154,7 @@ def test_compiled_ring_as_a_simulated_rank_keeps_its_ledger(tmp_path):
 @pytest.mark.parametrize("harness", ["bare", "lightning"])
 def test_whole_model_cuda_graphs_as_a_simulated_ulysses_rank(tmp_path, harness):
     """Issue 26's graph recipe: Ulysses + ZeRO, the whole model under torch.compile reduce-overhead, as rank 0 of a
-    2-rank fake-group job. On the H200 (suite flux_recipe_graphs, now retired; bare, in one process after other compiled runs) it failed
+    2-rank fake-group job. On the H200 (flux_recipe_graphs, bare, in one process after other compiled runs) it failed
     while dynamo traced the attention processor ("AssertionError" with no message): in-process sweeps now reset
     dynamo between runs. A failure here leaves its whole traceback in error-rank0.json. The graphs' replays run
     Ulysses' all-to-alls without the dispatcher: the ledger adds what each graph captured, so a replayed step holds
