@@ -111,7 +111,8 @@ def _work(d: dict) -> str:
     if tok is None:
         return ""
     mfu = t.get("throughput/device/mfu")
-    return f" ({tok:,.0f} tokens/s a GPU" + (f", MFU {mfu:.0%}" if mfu is not None else "") + ")"
+    per = "a rank" if str(d.get("env", {}).get("device", "")).startswith("cpu") else "a GPU"
+    return f" ({tok:,.0f} tokens/s {per}" + (f", MFU {mfu:.0%}" if mfu is not None else "") + ")"
 
 
 def ops_verdict(d: dict, roots: list[Path]) -> tuple[str, str]:
