@@ -67,6 +67,13 @@ def test_plan_ranks_the_plans_it_ran_by_time_per_global_batch(tmp_path):
     assert [row["baseline"] for row in d["plans"] if row["plan"] == "dp2-ddp-eager"] == [True]
     assert d["summary"]["data_parallel"]["plan"] == "dp2-ddp-eager"
     assert f"best: {ran[0]['plan']}" in r.stdout and "run it: python scripts/train_bench.py" in r.stdout
+    # the report over the same folder carries the cell: report.json `plans`, ranked rows with tokens/s and MFU
+    from flux_cp.report import build, write
+
+    rep = json.loads(write(build(tmp_path), tmp_path / "report")["json"].read_text())
+    (cell,) = rep["plans"]
+    assert cell["cell"] == "S144-B2-W2" and [p["plan"] for p in cell["plans"][:2]] == [row["plan"] for row in ran]
+    assert all("tokens_per_s_per_gpu" in p and "mfu" in p for p in cell["plans"][:2])
 
 
 @pytest.mark.parametrize("args", [["--global-batch", "0", "--world", "2"], ["--global-batch", "2", "--world", "2",

@@ -351,6 +351,7 @@ class Report:
     harness: dict | None = None  # harness_overhead(): Lightning rows against their bare twins
     regimes: dict | None = None  # regimes.regimes(): the user's W >= 2 runs against every W=1 baseline kind
     levers: dict | None = None  # levers.levers(): pairs of runs of one call that differ in one lever's settings
+    plans: list | None = None  # scripts/plan.py's cells found under the root (their plan.json), ranked rows each
     headline: dict | None = None  # headline.headline(): the verdicts the report opens with
 
     def to_dict(self) -> dict:
@@ -367,6 +368,7 @@ class Report:
             "regime_notes": (self.regimes or {}).get("notes", []),
             "levers": (self.levers or {}).get("rows", []),
             "lever_notes": (self.levers or {}).get("notes", []),
+            "plans": self.plans or [],
             "isolated": self.iso,
             "skipped": [{"path": str(s.path), "status": s.status, "reason": s.reason} for s in self.skipped],
         }

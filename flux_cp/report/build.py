@@ -41,4 +41,21 @@ def build(root: Path, link=None, cpu_link=None,
     rep.reconcile = reconcile(rep, user)
     rep.harness = harness_overhead(configs, runs)
     rep.levers = levers(rep)
+    rep.plans = _plans(root)
     return rep
+
+
+def _plans(root: Path) -> list[dict]:
+    """Each planner cell under the root (scripts/plan.py's plan.json): its cell, link, and ranked plans with tokens/s
+    a GPU and MFU, as the planner wrote them."""
+    import json
+
+    out = []
+    for f in sorted(root.rglob("plan.json")):
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and "plans" in d:
+            out.append({"path": str(f.relative_to(root)), **d})
+    return out
