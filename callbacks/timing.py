@@ -51,18 +51,19 @@ from pathlib import Path
 import torch.distributed as dist
 from lightning.pytorch import Callback
 
+from flux_cp.measure.flops import throughput
 from flux_cp.measure.timing import GcClock, instrumented, spin_cycles_per_ms, sync_allowed, timed_names
 from flux_cp.parallel.fake_group import is_fake
 from flux_cp.runs.failures import error_kind, error_line, error_trace
 from flux_cp.runs.results import (
     RunSummary,
     gather_row,
-    host_probe,
-    host_speed,
     peak_memory,
+    record_host_speed,
     reset_peak_memory,
     run_start_time,
     throughput_of,
+    work_of,
 )
 
 # The parts of a step's loop period (loop_ms) kept in its step record; see the module docstring.
@@ -103,6 +104,7 @@ class OpTimingCallback(Callback):
         # measured steps' reads, where (probe steps apart: they end by waiting for the device on purpose)
         self._reads = {"in_loop": 0, "after_loop": 0, "waited_in_loop": 0, "probe_drains": 0}
         self._elapsed_s = 0.0  # the logged steps' own times (events) summed: the time axis of the logger's rows
+        self._work: dict | None = None  # runs.results.work_of's figures for the rows' throughput
         self._kinds: dict[str, int] = {}  # measured steps read, by kind (summary.json step_kinds)
         self._in_loop = False
         self.wall: dict[str, float] = {}  # epoch seconds: the run's start, first step, warm-up end, last step end
@@ -252,19 +254,22 @@ class OpTimingCallback(Callback):
             row |= {f"{pre}rank_max/{k}": v for k, v in zip(keys, vmax)}
             row |= {f"{pre}rank_min/{k}": v for k, v in zip(keys, vmin)}
         if not pre and kind == "plain":
-            t = throughput_of(self.summary.header, step_ms=step_ms)
+            if self._work is None:  # the run's work a step: the same for every row
+                self._work = {k: v for k, v in work_of(self.summary.header).items()
+                              if k in ("world", "samples", "seq_len", "fwd_flops", "peak")}
+            t = throughput(step_ms, **self._work)
             row |= {k: v for k, v in t.items() if k.startswith("throughput/")}
         return row
 
     def wandb_summary(self) -> dict:
         """The run's figures as summary.json holds them: each metric's median under its own name, min, max and n
         beside it (wandb's run table and comparisons read the summary, which would otherwise keep the last step's)."""
-        out = {}
-        for name, m in self.summary.metrics().items():
+        out, metrics = {}, self.summary.metrics()
+        for name, m in metrics.items():
             out |= {name: m["median"], f"{name}/min": m["min"], f"{name}/max": m["max"], f"{name}/n": m["n"]}
             if "rank_max_median" in m:
                 out |= {f"rank_max/{name}": m["rank_max_median"], f"rank_min/{name}": m["rank_min_median"]}
-        t = throughput_of(self.summary.header | {"metrics": self.summary.metrics()})
+        t = throughput_of(self.summary.header | {"metrics": metrics})
         out |= {k: v for k, v in t.items() if isinstance(v, (int, float)) and v is not None}
         return out | self.summary.derived()
 
@@ -292,9 +297,7 @@ class OpTimingCallback(Callback):
         self._remove_gc_hook()
         self.wall["end"] = time.time()
         self.summary.header["memory"] = peak_memory(pl_module.timer.cuda)  # this rank's, over the steps
-        head = self.summary.header  # the host's speed before the steps (env) and after: did it change meanwhile
-        head["host_speed"] = host_speed(head["env"].get("host_probe"), host_probe())
-        head["host_op_us_end"] = head["host_speed"]["after"]["median_us"]  # as older summaries have it
+        record_host_speed(self.summary.header)  # did the host's speed change over the steps
         self._finish_reads(trainer, pl_module, collective=True)
         if self.twin is not None:  # the bare twin's steps against this rank's plain steps, read by now
             plain = [x for x in self.summary.per_step.get("step_ms", []) if x is not None]

@@ -13,6 +13,7 @@ W-GPU job. Writes <output>/plan.json (`plans`: every row, ranked) and <output>/<
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -123,9 +124,7 @@ def _finish(plans, out: Path, link, mem, cfg, cell: str, console) -> int:
 
     from flux_cp.plan.rank import best_against_dp, rank
 
-    rows = rank(plans, out, link, mem, cfg.config_file and str(Path(cfg.config_file).relative_to(Path.cwd())
-                                                              if Path(cfg.config_file).is_relative_to(Path.cwd())
-                                                              else cfg.config_file))
+    rows = rank(plans, out, link, mem, cfg.config_file and os.path.relpath(cfg.config_file))
     summary = best_against_dp(rows)
     (out / "plan.json").write_text(json.dumps({"cell": cell, "link": getattr(link, "name", str(link)),
                                                "memory_gib": mem, "plans": rows, "summary": summary}, indent=1))

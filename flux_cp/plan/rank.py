@@ -11,14 +11,10 @@ import shlex
 from pathlib import Path
 
 from flux_cp.plan.plans import Plan
-from flux_cp.report.analysis import borrow_ledgers, comm_prediction
+from flux_cp.report.analysis import borrow_ledgers, comm_prediction, peak_gib
 from flux_cp.report.runs import Run
 from flux_cp.runs.results import throughput_of
-
-
-def _peak_gib(d: dict) -> float | None:
-    mem = d.get("memory") or {}
-    return mem.get("allocated_gib", mem.get("host_max_rss_gib"))
+from flux_cp.runs.sweep import _flag
 
 
 def command(plan: Plan, config_file: str | None) -> str:
@@ -26,10 +22,8 @@ def command(plan: Plan, config_file: str | None) -> str:
     args = ["python", "scripts/train_bench.py"] + (["--config", config_file] if config_file else [])
     args += ["--devices", str(plan.world)]
     for k, v in plan.settings.items():
-        if v is None or k == "simulate_world":
-            continue
-        flag = f"--{k}" if "." in k else "--" + k.replace("_", "-")
-        args += [flag, str(v).lower() if isinstance(v, bool) else str(v)]
+        if v is not None and k != "simulate_world":
+            args += _flag(k, v)
     return shlex.join(args)
 
 
@@ -60,7 +54,7 @@ def rank(plans: list[Plan], runs_dir: Path, link, memory_gib_limit: float | None
         pred = comm_prediction(run, p.world, link) if p.world > 1 else {"predicted_ms": run.metric("step_ms"),
                                                                          "exposed_ms": 0.0, "source": "none at W=1"}
         t = throughput_of(run.d, step_ms=pred["predicted_ms"])
-        peak = _peak_gib(run.d)
+        peak = peak_gib(run.d)
         fits = memory_gib_limit is None or peak is None or peak <= memory_gib_limit
         rows.append(row | {
             "status": "ran" if fits else "does not fit (measured)",

@@ -200,11 +200,11 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
         "comm_source": comm_src, "idle_ms": idle, "idle_source": idle_src,
         "idle_frac": None if idle is None or not step else idle / step,
         "compile_s": (d.get("compile") or {}).get("compile_s"), "notes": notes,
-        "peak_gib": _peak_gib(d),
+        "peak_gib": peak_gib(d),
     }
 
 
-def _peak_gib(d: dict) -> float | None:
+def peak_gib(d: dict) -> float | None:
     """This rank's peak memory over the steps (summary.json `memory`: CUDA allocated, else the CPU process's RSS)."""
     mem = d.get("memory") or {}
     return mem.get("allocated_gib", mem.get("host_max_rss_gib"))

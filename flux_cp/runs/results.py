@@ -91,6 +91,12 @@ def host_op_us(n: int = 4000, reps: int = 7) -> float:
     return host_probe(n, reps)["median_us"]
 
 
+def record_host_speed(header: dict) -> None:
+    """After the steps: the host probed again beside the probe before them (env), in the summary's header."""
+    header["host_speed"] = host_speed(header["env"].get("host_probe"), host_probe())
+    header["host_op_us_end"] = header["host_speed"]["after"]["median_us"]  # as older summaries have it
+
+
 def host_speed(before: dict | None, after: dict) -> dict:
     """The probes before and after the steps, and whether the host's speed moved between them (medians more than
     10% apart, beyond either probe's spread): a host-bound step measured across the move is not one host's."""
@@ -196,30 +202,39 @@ def wall_split(t0: float, start: float, warm: float, end: float, done: float) ->
     return {k: round(v, 3) for k, v in parts.items()} | {"total": round(done - t0, 3)}
 
 
+def work_of(d: dict) -> dict:
+    """What a train summary's step does, for throughput: ranks, samples (the global batch), tokens a sample, one
+    sample's forward FLOPs (and by part), the device's dense bf16 peak."""
+    from flux_cp.config import DataConfig, ModelConfig
+    from flux_cp.measure.flops import model_flops, peak_flops
+
+    cfg = d["config"]
+    model, data = ModelConfig(**cfg["model"]), DataConfig(**cfg["data"])
+    peak, peak_source = peak_flops(d.get("env", {}).get("device"), cfg["run"].get("precision", "bf16-true"))
+    f = model_flops(model, data)
+    return {"world": d.get("world_size", 1), "samples": d.get("dp", 1) * data.batch_size, "seq_len": data.seq_len,
+            "fwd_flops": f["total"], "fwd_parts": f, "peak": peak, "peak_source": peak_source}
+
+
 def throughput_of(d: dict, step_ms: float | None = None) -> dict:
     """A train summary's work per step and, at its median step (or `step_ms`: a predicted one), tokens/s, samples/s
     (the job's and a GPU's), TFLOP/s a GPU and MFU. A simulated rank's step is its own compute, collectives unpriced:
     `basis` says so (the report prices them)."""
-    from flux_cp.config import DataConfig, ModelConfig
-    from flux_cp.measure.flops import model_flops, peak_flops, throughput
+    from flux_cp.measure.flops import throughput
 
-    cfg = d["config"]
-    model, data = ModelConfig(**cfg["model"]), DataConfig(**cfg["data"])
+    work = work_of(d)
     if step_ms is None:
         step_ms = ((d.get("metrics") or {}).get("step_ms") or {}).get("median")
-    peak, peak_source = peak_flops(d.get("env", {}).get("device"), cfg["run"].get("precision", "bf16-true"))
-    samples = d.get("dp", 1) * data.batch_size  # the global batch: each data-parallel group its own samples
-    out = throughput(step_ms, d.get("world_size", 1), samples, data.seq_len, model_flops(model, data)["total"], peak)
+    out = throughput(step_ms, **{k: work[k] for k in ("world", "samples", "seq_len", "fwd_flops", "peak")})
     basis = "a simulated rank's compute, collectives not priced" if d.get("collectives") == "fake" else "measured"
-    out |= {"peak_flops": peak, "peak_source": peak_source, "basis": basis, "step_ms": step_ms}
+    peak, samples, world = work["peak"], work["samples"], work["world"]
+    out |= {"peak_flops": peak, "peak_source": work["peak_source"], "basis": basis, "step_ms": step_ms}
     bd = (d.get("profile") or {}).get("breakdown_ms")
     if bd:  # --profile: each part's kernel time a step against its model FLOPs (3 x forward): where MFU is lost
-        f = model_flops(model, data)
-        world = d.get("world_size", 1)
         parts = {}
         for part in ("gemm", "attention"):
             ms = bd.get(part)
-            flops = 3.0 * f[part] * samples / world  # a rank's share
+            flops = 3.0 * work["fwd_parts"][part] * samples / world  # a rank's share
             parts[part] = {"ms": ms, "tflops": flops / (ms / 1e3) / 1e12 if ms else None}
             if peak and ms:
                 parts[part]["of_peak"] = flops / (ms / 1e3) / peak

@@ -36,9 +36,8 @@ from flux_cp.runs.failures import EXIT_CODES, error_kind, error_line, error_trac
 from flux_cp.runs.results import (
     RunSummary,
     gather_row,
-    host_probe,
-    host_speed,
     peak_memory,
+    record_host_speed,
     reset_peak_memory,
     run_start_time,
     train_header,
@@ -177,9 +176,7 @@ def _run(cfg: BenchConfig, report) -> int:
     step.close()
     try:
         if rank == (run.simulate_rank if run.simulate_world else 0):  # written before the group goes: kept on a hang
-            head = summary.header  # the host's speed before the steps (env) and after: did it change meanwhile
-            head["host_speed"] = host_speed(head["env"].get("host_probe"), host_probe())
-            head["host_op_us_end"] = head["host_speed"]["after"]["median_us"]  # as older summaries have it
+            record_host_speed(summary.header)  # did the host's speed change over the steps
             summary.header["wall_s"] = wall_split(t_run, wall["start"], wall.get("warm", wall["start"]),
                                                   wall["end"], time.time())
             path = summary.write(complete=True)
