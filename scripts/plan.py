@@ -4,6 +4,7 @@ plain data parallelism among them (the baseline to beat).
     python scripts/plan.py --config configs/flux_4608.yaml --seq-len 4608 --global-batch 8 --world 8   # one GPU
     python scripts/plan.py --global-batch 2 --world 2 --builds eager          # no GPU: the tiny model on the CPU
     python scripts/plan.py ... --dry-run                                     # the plans and why some are left out
+    python scripts/plan.py --map runs/plan_map/map       # the decision map of the cells under it: map.md, map.png
 
 Each plan runs in this process as rank 0 of its W-rank job over torch's fake process group (the real code with a
 rank's shapes; collectives move nothing and are recorded), then its collectives are priced with --link and placed on
@@ -35,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=None, help="model config (default: configs/flux_4608.yaml on a GPU, "
                    "configs/tiny.yaml without one)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens a sample, image + text (default: the config's)")
-    p.add_argument("--global-batch", type=int, required=True, help="samples an optimizer step, over all GPUs")
-    p.add_argument("--world", type=int, required=True, help="GPUs (W)")
+    p.add_argument("--global-batch", type=int, help="samples an optimizer step, over all GPUs (required)")
+    p.add_argument("--world", type=int, help="GPUs (W) (required)")
     p.add_argument("--builds", default="eager", help="eager and/or graph, comma-separated (graph: compiled per block, "
                    "the step replayed from one CUDA graph; GPU only; each compiles for ~30-60 s). Default: eager (a "
                    "cell of ~30 plans in ~3 minutes of an H100)")
@@ -49,7 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-steps", type=int, default=4, help="warm-up steps a plan (graph builds: at least 12)")
     p.add_argument("--output", type=Path, default=None, help="default: plans/<cell>-<time>")
     p.add_argument("--dry-run", action="store_true", help="list the plans and why some are left out; run nothing")
+    p.add_argument("--map", type=Path, default=None, metavar="DIR", help="run nothing: the decision map of the "
+                   "cells' plan.json files under DIR (the best plan, runner-up and plain DP a cell) -> DIR/map.md, "
+                   "map.json, map.png")
     a = p.parse_args(argv)
+    if a.map is not None:
+        return _map(a.map)
+    if a.global_batch is None or a.world is None:
+        p.error("--global-batch and --world are required (or --map DIR)")
 
     import torch
     from rich.console import Console
@@ -126,7 +134,10 @@ def _finish(plans, out: Path, link, mem, cfg, cell: str, console) -> int:
 
     rows = rank(plans, out, link, mem, cfg.config_file and os.path.relpath(cfg.config_file))
     summary = best_against_dp(rows)
-    (out / "plan.json").write_text(json.dumps({"cell": cell, "link": getattr(link, "name", str(link)),
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    (out / "plan.json").write_text(json.dumps({"cell": cell, "device": device, "link": getattr(link, "name", str(link)),
                                                "memory_gib": mem, "plans": rows, "summary": summary}, indent=1))
     t = Table(title=f"{cell}: time per global batch, fastest first (W >= 2: a simulated rank, links priced; "
               "DP: plain data parallelism)")
@@ -153,6 +164,23 @@ def _finish(plans, out: Path, link, mem, cfg, cell: str, console) -> int:
           + (f", MFU {best['mfu']:.0%}" if best["mfu"] is not None else "") + vs)
     print(f"run it: {best['command']}")
     print(f"plans: {out}/plan.json")
+    return 0
+
+
+def _map(root: Path) -> int:
+    from flux_cp.plan.decision_map import draw, load_map, render_markdown
+
+    rows = load_map(root)
+    if not rows:
+        print(f"plan.py: error: --map {root}: no <cell>/plan.json under it (run cells first: tools/plan_map.sh)",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    devices = sorted({r["device"] or "device not recorded" for r in rows})
+    (root / "map.json").write_text(json.dumps(rows, indent=1))
+    (root / "map.md").write_text(render_markdown(rows) + "\n")
+    draw(rows, root / "map.png", title=f"{', '.join(devices)}; W >= 2: a simulated rank, collectives priced")
+    print(render_markdown(rows))
+    print(f"map: {root}/map.md, map.png, map.json ({len(rows)} cells)")
     return 0
 
 
