@@ -1,10 +1,9 @@
 """Gradient accumulation (--accumulate-grad-batches k): a data-parallel group's samples a step run as k micro-batches,
 their gradients summed and synced once, one optimizer step. In fp64 that trains as one process at the same global
 batch, all of it at once: 10 steps' losses, the first step's gradients and the final weights (conftest.assert_exact;
-measured: <= 2.2e-16 on the losses, 2e-15 on the gradients, 4.4e-13 on the parameters). The data-parallel
-gradient crosses the ranks once a step: without DDP's no_sync (FSDP2's, ZeRO-2's) the numbers agree as well
-(a sum of all-reduces is the all-reduce of the sum) but the bytes double, and ZeRO-2 would step its optimizer in
-every micro-batch's backward."""
+measured: <= 2.2e-16 on the losses, 2e-15 on the gradients, 4.4e-13 on the parameters). With the sync left on in the
+earlier micro-batches DDP and FSDP2 would agree as well (a sum of all-reduces is the all-reduce of the sum) but send
+the gradients k times: the ledger's bytes a step are checked; ZeRO-2 would step its optimizer in each backward."""
 
 import pytest
 
