@@ -65,6 +65,7 @@ def resolve(
                 f"--cp-degree) trains an equal share: use a multiple of {run.dp}, or another --cp-degree"
             )
         data.batch_size = data.global_batch // run.dp
+    _check_accumulation(run, data)
     if run.cp == "tp" and (run.weights != "ddp" or run.split_conditioning):
         # ZeRO and FSDP would treat each rank's weight shards as copies of one parameter
         what = f"--weights {run.weights}" if run.weights != "ddp" else "--split-conditioning"
@@ -165,6 +166,9 @@ def _check_step_graph(run: RunConfig) -> None:
                "max-autotune-no-cudagraphs, or drop --step-graph)")
     elif run.interleave_bare:
         why = "the bare twin would need a graph of its own (drop --interleave-bare; --harness bare is the twin)"
+    elif run.accumulate_grad_batches > 1:
+        why = (f"--accumulate-grad-batches {run.accumulate_grad_batches}: one capture of several micro-batches "
+               "is not built (drop one of them)")
     elif run.weights == "fsdp":
         why = "FSDP2 frees and gathers its shards from the host each step (use --weights ddp or zero)"
     elif run.warmup_steps < (need := 12 if run.world_size > 1 or run.cp == "torch" else 3):
@@ -173,6 +177,15 @@ def _check_step_graph(run: RunConfig) -> None:
                f"compiles; DDP reads its first 10 iterations' timings on the host): use >= {need}")
     if why:
         raise ConfigError(f"--step-graph: {why}")
+
+
+def _check_accumulation(run: RunConfig, data: DataConfig) -> None:
+    """--accumulate-grad-batches k: a data-parallel group's samples a step in k equal micro-batches."""
+    k, b = run.accumulate_grad_batches, data.batch_size
+    if k < 1 or b % k:
+        raise ConfigError(f"--accumulate-grad-batches {k}: splits each data-parallel group's {b} samples a step "
+                          f"(--data.batch_size, or --data.global_batch / dp) into k equal micro-batches: use one of "
+                          f"{[d for d in range(1, b + 1) if b % d == 0]}")
 
 
 # Settings of the Lightning harness that the bare loop (one event pair per step, nothing else) has no use for

@@ -18,6 +18,7 @@ times more (zero; read, add, write; divide) where one GPU's step (gradients set 
 
     opt = ShardedAdamW(model, lr=..., fused=True)   # rebinds the parameters into flat buckets (the default group)
     opt.zero_grad(); loss.backward(); opt.step()    # the step every harness runs (flux_cp/train/step.py)
+    with opt.no_sync(): loss.backward()             # gradient accumulation: summed in the buckets, synced by the next
     opt.flush()                                     # after the last step (forward_share > 0: parameters whole again)
 
 forward_share > 0 (--zero2-gather forward, --zero2-forward-share) moves that share of the all-gathers out of the
@@ -105,6 +106,7 @@ class ShardedAdamW(torch.optim.AdamW):
         if not 0 <= forward_share <= 1:
             raise ValueError(f"ShardedAdamW: forward_share={forward_share}: in [0, 1]")
         self.group = group
+        self.accumulating = False  # in no_sync: gradients summed into the buckets, not synced
         self.world, rank = dist.get_world_size(group), dist.get_rank(group)
         self.full_grads = full_grads
         self.buckets: list[_Bucket] = []
@@ -148,6 +150,8 @@ class ShardedAdamW(torch.optim.AdamW):
         if p.grad is not g:  # (it is g in a second backward before a step: autograd added into the view)
             g.copy_(p.grad)
             p.grad = g  # the bucket's view from here on; autograd's tensor freed
+        if self.accumulating:  # a later backward adds into it and syncs the sum
+            return
         b.filled.add(j)
         if len(b.filled) == len(b.params):  # its gradient is whole: sync and update it under the rest of the backward
             self._sync(b)
@@ -221,6 +225,16 @@ class ShardedAdamW(torch.optim.AdamW):
         for b in self.buckets:
             self._wait(b)
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes that only sum their gradients into the buckets (--accumulate-grad-batches: all but a
+        step's last micro-batch); the next backward outside it adds its own and reduces the sum, once."""
+        self.accumulating = True
+        try:
+            yield
+        finally:
+            self.accumulating = False
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Every parameter's gradient None, its bucket left as it is: the backward's gradients are copied over it
         (set_to_none=False is ignored: zeroing the buckets would be a pass over the model's bytes for nothing)."""
@@ -236,7 +250,7 @@ class ShardedAdamW(torch.optim.AdamW):
         for b in self.buckets:
             if b.work is None:  # a parameter without a gradient this step: its bucket goes now, that gradient zero
                 for j, g in enumerate(b.grads):
-                    if j not in b.filled:
+                    if b.params[j].grad is None:  # (one an earlier micro-batch gave is in the bucket already)
                         g.zero_()
                 self._sync(b)
         if self.side is not None:

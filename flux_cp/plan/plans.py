@@ -9,7 +9,8 @@ A plan: W = dp x cp (dp data-parallel groups, each of cp ranks sharing its sampl
 weights kept in sync by ddp, zero2 or fsdp; eager, or compiled per block with the whole step replayed from one CUDA
 graph (GPU). Each data-parallel group trains B / dp samples a step. A plan is pruned, with its reason, where the
 settings are refused (checks.resolve: the same one-line errors a run gives) or where its estimated peak memory
-exceeds the device's.
+exceeds the device's even with gradient accumulation: a plan whose B / dp samples do not fit runs them as the fewest
+equal micro-batches that do (--accumulate-grad-batches k, named -acc<k>; the step graph takes none).
 """
 
 import copy
@@ -39,6 +40,7 @@ class Plan:
     settings: dict = field(default_factory=dict)  # train_bench run/data settings (sweep keys)
     pruned: str | None = None  # why it does not run
     memory_gib: float | None = None  # estimated peak a rank
+    accumulate: int = 1  # micro-batches a step (--accumulate-grad-batches), where B / dp samples at once do not fit
 
     @property
     def world(self) -> int:
@@ -47,7 +49,7 @@ class Plan:
     @property
     def name(self) -> str:
         par = f"dp{self.dp}" if self.cp_degree == 1 else f"dp{self.dp}x{self.cp}{self.cp_degree}"
-        return f"{par}-{self.weights}-{self.build}"
+        return f"{par}-{self.weights}-{self.build}" + (f"-acc{self.accumulate}" if self.accumulate > 1 else "")
 
     @property
     def baseline(self) -> bool:
@@ -70,7 +72,7 @@ def cell_settings(cfg: BenchConfig, seq_len: int, global_batch: int) -> dict:
 
 def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     """A rank's estimated peak: weights, gradients and AdamW's two moments as each weights mode keeps them, plus the
-    activations of its tokens (a W-way share of each sample under CP, Ulysses and TP)."""
+    activations of its tokens (a W-way share of each sample under CP, Ulysses and TP) in one micro-batch."""
     b = BYTES[cfg.run.precision]
     n, W = params, plan.world
     if plan.cp == "tp":  # weights, gradients and state sharded by the group, DDP buckets over the few replicated
@@ -82,7 +84,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
         weights = 4 * b * n / W
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
-    tokens = cfg.data.batch_size * cfg.data.seq_len / plan.cp_degree
+    tokens = cfg.data.batch_size // cfg.run.accumulate_grad_batches * cfg.data.seq_len / plan.cp_degree
     acts = ACTIVATION_PER_TOKEN * b * cfg.model.hidden * tokens * blocks
     return (weights + acts) / 2**30
 
@@ -122,10 +124,25 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
                     if p.pruned is None:
                         p.memory_gib = memory_gib(resolved, params, p)
                         if memory_gib_limit is not None and p.memory_gib > memory_gib_limit:
-                            p.pruned = (f"does not fit: ~{p.memory_gib:.0f} GiB a rank estimated, the device has "
-                                        f"{memory_gib_limit:g}")
+                            _accumulate(cfg, p, params, resolved.data.batch_size, memory_gib_limit, on_gpu)
                     out.append(p)
     return out
+
+
+def _accumulate(cfg: BenchConfig, p: Plan, params: int, batch: int, limit: float, on_gpu: bool) -> None:
+    """A plan over the memory: its `batch` samples a step in the fewest equal micro-batches that fit (the plan then
+    accumulates), else pruned with its estimate."""
+    for k in _divisors(batch)[1:]:
+        settings = {**p.settings, "accumulate_grad_batches": k}
+        why, resolved = _check(cfg, settings, on_gpu)
+        if why is not None:  # the step graph takes no accumulation
+            break
+        if (gib := memory_gib(resolved, params, p)) <= limit:
+            p.settings, p.accumulate, p.memory_gib = settings, k, gib
+            return
+    p.pruned = f"does not fit: ~{p.memory_gib:.0f} GiB a rank estimated, the device has {limit:g}"
+    if batch > 1:
+        p.pruned += " (in micro-batches too)" if why is None else " (the step graph takes no gradient accumulation)"
 
 
 def _check(cfg: BenchConfig, settings: dict, on_gpu: bool) -> tuple[str | None, BenchConfig | None]:

@@ -43,6 +43,7 @@ def rank(plans: list[Plan], runs_dir: Path, link, memory_gib_limit: float | None
     for p in plans:
         row = {"plan": p.name, "dp": p.dp, "cp_degree": p.cp_degree, "cp": p.cp, "weights": p.weights,
                "build": p.build, "W": p.world, "baseline": p.baseline, "estimated_gib": p.memory_gib,
+               "micro_batches": p.accumulate,
                "command": command(p, config_file)}
         if p.pruned is not None:
             rows.append(row | {"status": "pruned", "why": p.pruned})

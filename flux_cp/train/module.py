@@ -84,7 +84,9 @@ class FluxCPModule(L.LightningModule):
         self.timer = StepTimer(cuda=self.device.type == "cuda",
                                enabled=run.timing and not (run.compile or run.step_graph),
                                ledger=ledger_for(run))
-        self.step = FluxStep(self.cfg, self.model, self.device, cp_mesh, self.timer)
+        # Lightning's DDP wraps this module, not self.model: its way to a backward without the sync (accumulation)
+        no_sync = getattr(self.trainer.strategy, "block_backward_sync", None)
+        self.step = FluxStep(self.cfg, self.model, self.device, cp_mesh, self.timer, no_sync=no_sync)
 
     # Host clock stamps around Lightning's copy of the batch to the device (the timing callback's data_ms, transfer_ms)
     def on_before_batch_transfer(self, batch, dataloader_idx):

@@ -6,6 +6,10 @@ harnesses time the same code and their losses agree step for step:
     step = FluxStep(cfg, model, device, cp_mesh, timer)    # strategy installed, compiled, RoPE angles made
     loss = step(model_or_ddp, optimizer, batch, backward)   # zero_grad, forward, loss, backward, optimizer step
                                                             # (--step-graph: replayed from one CUDA graph)
+
+--accumulate-grad-batches k: the step's batch (this data-parallel group's samples) runs as k micro-batches, each
+its forward and backward, the gradients summed on the rank and synced by the last micro-batch's backward alone;
+one optimizer step.
 """
 
 import contextlib
@@ -75,8 +79,13 @@ def default_dtype(dtype: torch.dtype):
 
 
 class FluxStep:
-    def __init__(self, cfg: BenchConfig, model: FluxDiT, device: torch.device, cp_mesh, timer: StepTimer):
+    def __init__(self, cfg: BenchConfig, model: FluxDiT, device: torch.device, cp_mesh, timer: StepTimer,
+                 no_sync=None):
+        """no_sync: where the harness holds the DDP wrapper (Lightning's strategy), its context for a backward
+        without the gradient sync (strategy.block_backward_sync); the bare loop hands the wrapper to each call."""
         run, data = cfg.run, cfg.data
+        self.micro_batches, self.no_sync = run.accumulate_grad_batches, no_sync
+        self.micro = data.batch_size // self.micro_batches  # samples a forward (checks.resolve: k divides them)
         rank, world = (cp_mesh.get_local_rank(), cp_mesh.size()) if cp_mesh is not None else (0, 1)  # in the CP group
         self.timer = timer
         self.strategy = make_strategy(run.cp, rank, world, device, run.sdpa_backend, run.rotate, mesh=cp_mesh,
@@ -104,7 +113,7 @@ class FluxStep:
         dtype = torch.promote_types(DTYPES[run.precision], torch.float32)  # fp32 under bf16, fp64 in fp64 runs
         self.rope = model.rope(txt.to(device), img.to(device), dtype)  # (cos, sin), (S_l, head_dim)
         m = cfg.model  # the kernel this rank's attention runs (summary.json sdpa_kernel), not only the setting
-        self.sdpa_kernel = self.strategy.sdpa_kernel(data.batch_size, m.num_heads, data.seq_len // world, m.head_dim,
+        self.sdpa_kernel = self.strategy.sdpa_kernel(self.micro, m.num_heads, data.seq_len // world, m.head_dim,
                                                      DTYPES[run.precision], device)
 
     def __call__(self, model, opt, batch: dict, backward=torch.Tensor.backward) -> torch.Tensor:
@@ -134,17 +143,51 @@ class FluxStep:
         # Before the forward: FSDP2 leaves the root unit unsharded after it, where a model.zero_grad would clear the
         # unsharded copies and the sharded grads (AdamW's) would sum over steps. ZeRO's param_groups hold every param.
         opt.zero_grad(set_to_none=self.set_to_none)
-        x, target, text = (shard(batch[k], 1, *self.split) for k in ("x_t", "target", "text"))  # (B, S/W, .)
-        with self.strategy.step_context():
-            pred = model(x, text, batch["pooled"], batch["t"], self.rope)
-            # Mean over local image tokens of this rank's samples. Every rank holds the same number of tokens
-            # (equal sequence shards of equally many samples), so the mean of the dp x cp local losses is the
-            # global mean, and averaging gradients over all dp x cp ranks (DDP all-reduce, FSDP reduce-scatter)
-            # gives the gradient of the global loss. In fp32 at least (bf16 runs), fp64 in fp64 runs.
-            dtype = torch.promote_types(pred.dtype, torch.float32)
-            loss = F.mse_loss(pred.to(dtype), target.to(dtype))
-            self.timer.mark("forward_end")
-            backward(loss)
-            self.timer.mark("backward_end")  # DDP's bucket all-reduces are consumed here (the reducer waits)
+        k, m, losses = self.micro_batches, self.micro, []
+        for j in range(k):
+            last = j == k - 1
+            # Micro-batch j's samples, then this rank's tokens of them: (m, S/W, .)
+            part = {key: v[j * m:(j + 1) * m] for key, v in batch.items()} if k > 1 else batch
+            x, target, text = (shard(part[key], 1, *self.split) for key in ("x_t", "target", "text"))
+            with self._sync_off(model, opt) if not last else contextlib.nullcontext(), self.strategy.step_context():
+                pred = model(x, text, part["pooled"], part["t"], self.rope)
+                # Mean over local image tokens of this rank's samples. Every rank holds the same number of tokens
+                # (equal sequence shards of equally many samples), so the mean of the dp x cp local losses is the
+                # global mean, and averaging gradients over all dp x cp ranks (DDP all-reduce, FSDP reduce-scatter)
+                # gives the gradient of the global loss; a micro-batch's is 1/k of it (equal micro-batches), its
+                # gradient summed with the others'. In fp32 at least (bf16 runs), fp64 in fp64 runs.
+                dtype = torch.promote_types(pred.dtype, torch.float32)
+                loss = F.mse_loss(pred.to(dtype), target.to(dtype))
+                if k > 1:
+                    loss = loss / k
+                # Once a step, around the last micro-batch's backward (the one that syncs the gradients): the
+                # "forward" phase holds the earlier micro-batches' forward and backward passes
+                if last:
+                    self.timer.mark("forward_end")
+                backward(loss)
+                if last:
+                    self.timer.mark("backward_end")  # DDP's bucket all-reduces are consumed here (the reducer waits)
+            losses.append(loss.detach())
         opt.step()
-        return loss.detach()
+        return losses[0] if k == 1 else torch.stack(losses).sum()
+
+    def _sync_off(self, model, opt) -> contextlib.ExitStack:
+        """A backward whose gradients stay on the rank, summed into the next micro-batch's (all but a step's last):
+        DDP's no_sync (the forward's wrapper, or the harness's), FSDP2's gradient sync off, ZeRO-2's no_sync. (--cp
+        tp's sharded weights at dp > 1 all-reduce in every micro-batch's backward, their own hooks: right, k x the
+        bytes.)"""
+        from torch.distributed.fsdp import FSDPModule
+        from torch.nn.parallel import DistributedDataParallel
+
+        stack = contextlib.ExitStack()
+        inner = getattr(opt, "optimizer", opt)  # Lightning's optimizer wraps a copy; ZeRO-2's hooks hold this one
+        if hasattr(inner, "no_sync"):
+            stack.enter_context(inner.no_sync())
+        if isinstance(model, FSDPModule):
+            model.set_requires_gradient_sync(False)
+            stack.callback(model.set_requires_gradient_sync, True)
+        if isinstance(model, DistributedDataParallel):
+            stack.enter_context(model.no_sync())
+        elif self.no_sync is not None:
+            stack.enter_context(self.no_sync())
+        return stack
