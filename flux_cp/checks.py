@@ -166,8 +166,8 @@ def _check_step_graph(run: RunConfig) -> None:
                "max-autotune-no-cudagraphs, or drop --step-graph)")
     elif run.interleave_bare:
         why = "the bare twin would need a graph of its own (drop --interleave-bare; --harness bare is the twin)"
-    elif run.accumulate_grad_batches > 1:
-        why = (f"--accumulate-grad-batches {run.accumulate_grad_batches}: one capture of several micro-batches "
+    elif run.micro_batches > 1:
+        why = (f"--micro-batches {run.micro_batches}: one capture of several micro-batches "
                "is not built (drop one of them)")
     elif run.weights == "fsdp":
         why = "FSDP2 frees and gathers its shards from the host each step (use --weights ddp or zero)"
@@ -180,10 +180,10 @@ def _check_step_graph(run: RunConfig) -> None:
 
 
 def _check_accumulation(run: RunConfig, data: DataConfig) -> None:
-    """--accumulate-grad-batches k: a data-parallel group's samples a step in k equal micro-batches."""
-    k, b = run.accumulate_grad_batches, data.batch_size
+    """--micro-batches k: a data-parallel group's samples a step in k equal micro-batches."""
+    k, b = run.micro_batches, data.batch_size
     if k < 1 or b % k:
-        raise ConfigError(f"--accumulate-grad-batches {k}: splits each data-parallel group's {b} samples a step "
+        raise ConfigError(f"--micro-batches {k}: splits each data-parallel group's {b} samples a step "
                           f"(--data.batch_size, or --data.global_batch / dp) into k equal micro-batches: use one of "
                           f"{[d for d in range(1, b + 1) if b % d == 0]}")
 

@@ -116,9 +116,9 @@ class RunConfig:
     warmup_steps: int = 5  # run first, excluded from the statistics (their loss is kept)
     lr: float = 1e-4  # AdamW learning rate
     # k: each optimizer step's samples of a data-parallel group (--data.batch_size, or --data.global_batch / dp) run as
-    # k micro-batches, a forward and backward each, gradients summed and synced once (Lightning's Trainer argument;
-    # here the step's batch stays the global batch, split k ways, where Lightning's would grow k-fold)
-    accumulate_grad_batches: int = 1
+    # k micro-batches, a forward and backward each, gradients summed and synced once: the step's batch stays the
+    # global batch, split k ways (not Lightning's accumulate_grad_batches, which grows the batch k-fold)
+    micro_batches: int = 1
     # lightning: the Trainer and this tool's callbacks; bare: the same step (model, strategy, weights, compile,
     # simulated world) in a plain PyTorch loop with one event pair per step, the reference the harness is held to
     harness: Literal["lightning", "bare"] = "lightning"

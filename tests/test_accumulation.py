@@ -1,4 +1,4 @@
-"""Gradient accumulation (--accumulate-grad-batches k): a data-parallel group's samples a step run as k micro-batches,
+"""Gradient accumulation (--micro-batches k): a data-parallel group's samples a step run as k micro-batches,
 their gradients summed and synced once, one optimizer step. In fp64 that trains as one process at the same global
 batch, all of it at once: 10 steps' losses, the first step's gradients and the final weights (conftest.assert_exact;
 measured: <= 2.2e-16 on the losses, 2e-15 on the gradients, 4.4e-13 on the parameters). With the sync left on in the
@@ -24,15 +24,15 @@ def _synced_once(d: dict, kind: str) -> None:
 
 @pytest.mark.parametrize(("args", "micro"), [
     # one process, 4 micro-batches of 1
-    (("--devices", 1, "--accumulate-grad-batches", 4, "--harness", "bare"), 1),
+    (("--devices", 1, "--micro-batches", 4, "--harness", "bare"), 1),
     # W=2 plain data parallelism: each rank 2 samples in 2 micro-batches, DDP's no_sync (bare loop: its wrapper)
-    (("--devices", 2, "--cp-degree", 1, "--accumulate-grad-batches", 2, "--harness", "bare"), 1),
+    (("--devices", 2, "--cp-degree", 1, "--micro-batches", 2, "--harness", "bare"), 1),
     # the same under Lightning: its DDP wraps the module, the strategy's block_backward_sync skips the sync
-    (("--devices", 2, "--cp-degree", 1, "--accumulate-grad-batches", 2), 1),
+    (("--devices", 2, "--cp-degree", 1, "--micro-batches", 2), 1),
     # FSDP2 with its gradient sync off until the last micro-batch
-    (("--devices", 2, "--cp-degree", 1, "--accumulate-grad-batches", 2, "--weights", "fsdp", "--harness", "bare"), 1),
+    (("--devices", 2, "--cp-degree", 1, "--micro-batches", 2, "--weights", "fsdp", "--harness", "bare"), 1),
     # ZeRO-2 over a CP group of 2 (each micro-batch of 2 samples split by tokens): its hooks reduce the sum once
-    (("--devices", 2, "--cp", "allgather-kv", "--accumulate-grad-batches", 2, "--weights", "zero2", "--harness",
+    (("--devices", 2, "--cp", "allgather-kv", "--micro-batches", 2, "--weights", "zero2", "--harness",
       "bare"), 2),
 ])
 def test_accumulation_trains_as_one_process_at_the_global_batch(single_process, tmp_path, args, micro):
@@ -46,9 +46,9 @@ def test_accumulation_trains_as_one_process_at_the_global_batch(single_process, 
 
 def test_micro_batches_that_do_not_divide_are_refused_in_one_line(tmp_path):
     rc, lines = main_in_process("--config", TINY, "--devices", 2, "--cp-degree", 1, "--data.global_batch", 4,
-                                "--accumulate-grad-batches", 4, "--output", tmp_path / "run")
+                                "--micro-batches", 4, "--output", tmp_path / "run")
     assert rc == 2 and len(lines) == 1, lines
-    assert lines[0].startswith("train_bench.py: error: --accumulate-grad-batches 4: splits each data-parallel "
+    assert lines[0].startswith("train_bench.py: error: --micro-batches 4: splits each data-parallel "
                                "group's 2 samples a step") and lines[0].endswith("use one of [1, 2]"), lines
     assert not (tmp_path / "run").exists()
 
@@ -56,8 +56,8 @@ def test_micro_batches_that_do_not_divide_are_refused_in_one_line(tmp_path):
 def test_the_step_graph_refuses_accumulation():
     from flux_cp.checks import _check_step_graph
 
-    with pytest.raises(ConfigError, match="^--step-graph: --accumulate-grad-batches 2: one capture"):
-        _check_step_graph(RunConfig(accelerator="gpu", step_graph=True, warmup_steps=12, accumulate_grad_batches=2))
+    with pytest.raises(ConfigError, match="^--step-graph: --micro-batches 2: one capture"):
+        _check_step_graph(RunConfig(accelerator="gpu", step_graph=True, warmup_steps=12, micro_batches=2))
 
 
 def test_a_plan_over_the_memory_accumulates_the_fewest_micro_batches_that_fit():
@@ -69,13 +69,13 @@ def test_a_plan_over_the_memory_accumulates_the_fewest_micro_batches_that_fit():
     cfg.data.batch_size = 4  # B / dp
     at = {}
     for k in (1, 2):
-        cfg.run.accumulate_grad_batches = k
+        cfg.run.micro_batches = k
         at[k] = memory_gib(cfg, params, p)
     assert p.accumulate == 1 and p.memory_gib == at[1] > at[2]
     limit = (at[1] + at[2]) / 2
     (p,) = enumerate_plans(_cfg(), **cell, on_gpu=False, params=params, memory_gib_limit=limit)
     assert p.pruned is None and p.accumulate == 2 and p.name == "dp2-ddp-eager-acc2" and p.memory_gib == at[2]
-    assert "--data.global_batch 8" in command(p, None) and "--accumulate-grad-batches 2" in command(p, None)
+    assert "--data.global_batch 8" in command(p, None) and "--micro-batches 2" in command(p, None)
     (g,) = enumerate_plans(_cfg(), **cell, on_gpu=True, params=params, memory_gib_limit=limit, builds=("graph",))
     assert g.pruned.startswith("does not fit: ~") and g.pruned.endswith("(the step graph takes no gradient "
                                                                         "accumulation)")

@@ -227,7 +227,7 @@ class ShardedAdamW(torch.optim.AdamW):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Backward passes that only sum their gradients into the buckets (--accumulate-grad-batches: all but a
+        """Backward passes that only sum their gradients into the buckets (--micro-batches: all but a
         step's last micro-batch); the next backward outside it adds its own and reduces the sum, once."""
         self.accumulating = True
         try:

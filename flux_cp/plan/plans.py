@@ -10,7 +10,7 @@ weights kept in sync by ddp, zero2 or fsdp; eager, or compiled per block with th
 graph (GPU). Each data-parallel group trains B / dp samples a step. A plan is pruned, with its reason, where the
 settings are refused (checks.resolve: the same one-line errors a run gives) or where its estimated peak memory
 exceeds the device's even with gradient accumulation: a plan whose B / dp samples do not fit runs them as the fewest
-equal micro-batches that do (--accumulate-grad-batches k, named -acc<k>; the step graph takes none).
+equal micro-batches that do (--micro-batches k, named -acc<k>; the step graph takes none).
 """
 
 import copy
@@ -40,7 +40,7 @@ class Plan:
     settings: dict = field(default_factory=dict)  # train_bench run/data settings (sweep keys)
     pruned: str | None = None  # why it does not run
     memory_gib: float | None = None  # estimated peak a rank
-    accumulate: int = 1  # micro-batches a step (--accumulate-grad-batches), where B / dp samples at once do not fit
+    accumulate: int = 1  # micro-batches a step (--micro-batches), where B / dp samples at once do not fit
 
     @property
     def world(self) -> int:
@@ -84,7 +84,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
         weights = 4 * b * n / W
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
-    tokens = cfg.data.batch_size // cfg.run.accumulate_grad_batches * cfg.data.seq_len / plan.cp_degree
+    tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len / plan.cp_degree
     acts = ACTIVATION_PER_TOKEN * b * cfg.model.hidden * tokens * blocks
     return (weights + acts) / 2**30
 
@@ -133,7 +133,7 @@ def _accumulate(cfg: BenchConfig, p: Plan, params: int, batch: int, limit: float
     """A plan over the memory: its `batch` samples a step in the fewest equal micro-batches that fit (the plan then
     accumulates), else pruned with its estimate."""
     for k in _divisors(batch)[1:]:
-        settings = {**p.settings, "accumulate_grad_batches": k}
+        settings = {**p.settings, "micro_batches": k}
         why, resolved = _check(cfg, settings, on_gpu)
         if why is not None:  # the step graph takes no accumulation
             break

@@ -16,7 +16,7 @@ from .tables import build_label
 PAYS, EVEN = 1.1, 0.9  # a speedup at or above PAYS pays; between EVEN and PAYS it breaks about even
 COMMAND = "python scripts/train_bench.py"
 # run settings a command names (where they differ from the defaults): the strategy's and the build's
-FLAGS = tuple(k for k in (*RUN_GROUPS["Parallelism"], "precision", "accumulate_grad_batches", *RUN_GROUPS["Compile"])
+FLAGS = tuple(k for k in (*RUN_GROUPS["Parallelism"], "precision", "micro_batches", *RUN_GROUPS["Compile"])
               if k not in ("cp", "simulate_world", "simulate_rank", "cp_degree"))
 _DEFAULT = RunConfig()
 

@@ -151,8 +151,8 @@ def train_header(cfg, params: int) -> dict:
         "env": env_info("cuda" if run.accelerator == "gpu" else "cpu"),
         "params": params,
         "tokens_per_rank": cfg.data.seq_len // run.cp_degree,
-        # samples a forward and backward of a data-parallel group: batch_size / --accumulate-grad-batches
-        "micro_batch": cfg.data.batch_size // run.accumulate_grad_batches,
+        # samples a forward and backward of a data-parallel group: batch_size / --micro-batches
+        "micro_batch": cfg.data.batch_size // run.micro_batches,
         # fake: torch's fake process group, collectives move nothing (rank `simulate.rank` of a W-rank job)
         "collectives": "fake" if run.simulate_world else "real",
         "simulate": {"world": run.simulate_world, "rank": run.simulate_rank} if run.simulate_world else None,

@@ -7,7 +7,7 @@ harnesses time the same code and their losses agree step for step:
     loss = step(model_or_ddp, optimizer, batch, backward)   # zero_grad, forward, loss, backward, optimizer step
                                                             # (--step-graph: replayed from one CUDA graph)
 
---accumulate-grad-batches k: the step's batch (this data-parallel group's samples) runs as k micro-batches, each
+--micro-batches k: the step's batch (this data-parallel group's samples) runs as k micro-batches, each
 its forward and backward, the gradients summed on the rank and synced by the last micro-batch's backward alone;
 one optimizer step.
 """
@@ -84,7 +84,7 @@ class FluxStep:
         """no_sync: where the harness holds the DDP wrapper (Lightning's strategy), its context for a backward
         without the gradient sync (strategy.block_backward_sync); the bare loop hands the wrapper to each call."""
         run, data = cfg.run, cfg.data
-        self.micro_batches, self.no_sync = run.accumulate_grad_batches, no_sync
+        self.micro_batches, self.no_sync = run.micro_batches, no_sync
         self.micro = data.batch_size // self.micro_batches  # samples a forward (checks.resolve: k divides them)
         rank, world = (cp_mesh.get_local_rank(), cp_mesh.size()) if cp_mesh is not None else (0, 1)  # in the CP group
         self.timer = timer
