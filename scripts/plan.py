@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                    "cell of ~30 plans in ~3 minutes of an H100)")
     p.add_argument("--cp", default=None, help="strategies within a group, comma-separated (default: all that apply)")
     p.add_argument("--weights", default="ddp,zero2,fsdp", help="weights modes, comma-separated")
+    p.add_argument("--only", default=None, metavar="PLAN,...", help="run only these plans (names as the table "
+                   "gives them, e.g. dp8-zero2-eager); the others are listed as left out")
     p.add_argument("--memory-gib", type=float, default=None,
                    help="a GPU's memory (default: this GPU's; none on the CPU): plans estimated above it are pruned")
     p.add_argument("--link", default="h200-nvlink4", help="link profile the collectives are priced with")
@@ -93,6 +95,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plan.py: error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     cell = f"S{seq_len}-B{a.global_batch}-W{a.world}"
+    if a.only:
+        only = set(a.only.split(","))
+        if unknown := only - {q.name for q in plans}:
+            print(f"plan.py: error: --only {', '.join(sorted(unknown))}: no such plan in {cell} (--dry-run lists them)",
+                  file=sys.stderr)
+            return EXIT_CONFIG
+        for q in plans:
+            if q.pruned is None and q.name not in only:
+                q.pruned = "not in --only"
     kept = [q for q in plans if q.pruned is None]
     console.print(f"plan {cell}: {len(plans)} plans, {len(kept)} to run ({'GPU' if cuda else 'CPU: the tiny model'}"
                   f"{f', {mem:.0f} GiB a GPU' if mem else ''})", highlight=False)
