@@ -92,3 +92,28 @@ def test_a_global_batch_over_data_parallel_groups_trains_as_one_process(single_p
     assert got["summary"]["config"]["data"]["batch_size"] == 1 and got["summary"]["dp"] == 2
     assert got["summary"]["throughput"]["samples_per_step"] == 2
     assert_exact(got, single_process(2), rtol=1e-12)
+
+
+def test_the_decision_map_gives_each_cell_its_best_plan_and_plain_dp_beside_it(tmp_path):
+    """plan.py --map over the H100 cells (docs/results): one row a cell, the best plan, the runner-up and plain DP."""
+    from flux_cp.plan.decision_map import load_map, render_markdown
+
+    src = ROOT / "docs" / "results" / "2026-12-05-h100-plan-map"
+    rows = load_map(src)
+    assert [r["cell"] for r in rows] == ["S4608-B1-W1", "S4608-B1-W8", "S4608-B8-W8", "S65536-B1-W1",
+                                         "S65536-B1-W8"]
+    by = {r["cell"]: r for r in rows}
+    assert by["S4608-B8-W8"]["best"]["plan"] == by["S4608-B8-W8"]["data_parallel"]["plan"] == "dp8-zero2-eager"
+    assert by["S4608-B1-W8"]["data_parallel"] is None  # one sample does not split over 8 data-parallel ranks
+    assert by["S65536-B1-W8"]["best"]["plan"] == "dp1xulysses8-zero2-eager"
+    table = render_markdown(rows)
+    assert "| 4608 | 8 | 8 | **dp8-zero2-eager: 74,758, 39%** |" in table
+    for f in src.glob("*.plan.json"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), "--map", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "map.png").stat().st_size > 10_000 and json.loads((tmp_path / "map.json").read_text())
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), "--map", str(tmp_path / "none")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no <cell>/plan.json" in r.stderr
