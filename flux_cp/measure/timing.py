@@ -23,8 +23,10 @@ is also a profiler range `flux_cp::<name>_fwd|bwd`, so kernels can be attributed
 A "probe" step measures the device's busy time with the host out of the way: a spin kernel
 (`torch.cuda._sleep`) holds the stream while the host issues the step, so the step's kernels then
 run back to back. Its step time is `device_busy_ms`; `1 - busy / step` is the device idle fraction,
-i.e. how host bound the step is; its host time, `host_issue_ms`, is the host's own time to issue a step. (If the step issues more launches than the driver queues, the
-host still stalls and busy is over-estimated: the profiler's figure, `--profile`, checks it.)
+i.e. how host bound the step is; its host time, `host_issue_ms`, is the host's own time to issue a step.
+(If the step issues more launches than the driver queues, the host still stalls and busy and host time are
+over-estimated: the profiler's figure, `--profile`, checks it; predict/host.py flags a probe whose host time
+reached its hold.)
 """
 
 import contextlib

@@ -102,12 +102,10 @@ def speedups_at(base: HostModel, cells: dict[int, HostModel], h: float) -> dict[
 
 def ranges(hs: list[float], ok: list[bool]) -> list[tuple[float, float]]:
     """The runs of consecutive True in ok, as (first h, last h)."""
-    out, start = [], None
-    for h, good in zip([*hs, None], [*ok, False]):
-        if good and start is None:
-            start = h
-        elif not good and start is not None:
-            out.append((start, prev))
-            start = None
-        prev = h
+    out: list[tuple[float, float]] = []
+    for i, (h, good) in enumerate(zip(hs, ok)):
+        if good and (i == 0 or not ok[i - 1]):
+            out.append((h, h))
+        elif good:
+            out[-1] = (out[-1][0], h)
     return out

@@ -8,9 +8,10 @@ FluxStep (flux_cp/train/step.py) runs each step, every batch is made on the devi
 records one pair of events; the ledger records warm-up steps and every --regions-every'th measured step ("timed",
 out of step_ms), as the Lightning run's instrumented steps; on CUDA every --idle-probe-every'th measured step is
 an idle probe as the Lightning run's (device_busy_ms, host_issue_ms; the step after it apart: step_after_probe_ms),
-which waits for its own last event before the next step. Nothing is read until the loop ends. The Lightning run's step is held against this one (the report's harness overhead); their
-losses agree step for step. With --devices N this process is rank 0 and starts ranks 1..N-1 as copies of its
-own command line (as Lightning's launcher does): gloo on CPU, NCCL on GPUs.
+which waits for its own last event before the next step. Nothing is read until the loop ends. The Lightning
+run's step is held against this one (the report's harness overhead); their losses agree step for step. With
+--devices N this process is rank 0 and starts ranks 1..N-1 as copies of its own command line (as Lightning's
+launcher does): gloo on CPU, NCCL on GPUs.
 """
 
 import contextlib
