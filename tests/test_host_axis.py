@@ -106,6 +106,8 @@ def test_the_regime_table_carries_each_cells_host_bound_share_and_its_speedup_by
                                                                    rel=1e-9)
         assert c["speedup_at_host"]["1"] == pytest.approx(c["speedup"], rel=1e-9)  # h = 1: the table's speedup
     ax = j["regime_summary"][FAST]["host_axis"]
+    assert "busy 50 ms of its 51.4 ms step, its host issues it in 45 ms: device-bound" in j["regime_summary"][FAST][
+        "mechanism"]  # the probe's host time, not the plain step's (a host paced by the device)
     assert ax["reference_us"] == US and ax["speedups"]["2"]["8"] == cells[FAST, 8]["speedup_at_host"]["2"]
     # where the verdict holds on the axis: 1.66x at W=2 (+-10%), W=8 under 1.25x the W=2 speedup
     lo, hi = ax["reproduces_h"][0]

@@ -165,10 +165,11 @@ def _mechanism(kind: str, base: dict, a: dict, W: int, run: Run) -> str:
     top = max(losses, key=losses.get)
     rest = sorted(((k, v) for k, v in losses.items() if k != top), key=lambda x: -x[1])
     busy, host, step = run.metric("device_busy_ms"), a["host_ms"], a["step_ms"]
+    issue = run.metric("host_issue_ms")  # the probe's: the host's own time, no wait on the device in it
     if busy is not None:
         bound = "host-bound" if busy < 0.9 * step else "device-bound"
-        dev = (f"the W={W} rank's device is busy {busy:.3g} ms of its {step:.3g} ms step, its host takes "
-               f"{host:.3g} ms: {bound}")
+        took = f"issues it in {issue:.3g} ms" if issue else f"takes {host:.3g} ms"
+        dev = f"the W={W} rank's device is busy {busy:.3g} ms of its {step:.3g} ms step, its host {took}: {bound}"
     else:
         dev = (f"device busy not recorded at W={W} ({harness(run.d)} loop: host-bound share not recorded), host "
                f"{host:.3g} ms per {step:.3g} ms step")
