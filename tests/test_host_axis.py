@@ -129,7 +129,8 @@ def test_the_regime_table_carries_each_cells_host_bound_share_and_its_speedup_by
     assert f"| 1 | 2 | {cells[FAST, 2]['host_bound_share']:.0%} | 50 / 45 |" in section
     assert f"{cells[FAST, 8]['speedup_at_host']['1.5']:.2f}x" in section and ax["statement"] in section
     h = j["headline"]  # the verdict names the table's regime, its speedups and its host statement
-    assert (h["regime"], h["speedups"], h["host_axis"]) == (FAST, j["regime_summary"][FAST]["speedups"], ax["statement"])
+    assert (h["regime"], h["host_axis"]) == (FAST, ax["statement"])
+    assert h["speedups"] == j["regime_summary"][FAST]["speedups"]
     assert "**On other hosts** (regime 1" in md and ax["statement"] in md[md.index("## Verdict"):md.index("## Method")]
 
 
