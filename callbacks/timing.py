@@ -32,7 +32,8 @@ step 8-24% longer than its bare twin at W = 4 and 8 (docs/archive/2026-12-03-h20
   and the step itself as step_timed_ms / host_timed_ms / loop_timed_ms (timing_overhead_pct: the instruments' cost,
   in one process); with --regions-every 1 every step is timed and gives step_ms;
 - "probe" (CUDA, every --idle-probe-every'th step): the host runs ahead of the device ->
-  device_busy_ms, from which summary.json's device idle fraction comes. A probe leaves the device a
+  device_busy_ms, from which summary.json's device idle fraction comes, and host_issue_ms (the host's own time to
+  issue the step: nothing to wait for; the report's host model scales it). A probe leaves the device a
   backlog (the spin, then the step's kernels) that a host-bound loop drains by only host - busy ms a
   step: measured on an H200 at W=2 (host ~65, busy ~51 ms), the steps after a probe ran from it for
   several steps, device bound, and the step median fell below the bare loop's. So the probe ends by
@@ -52,7 +53,15 @@ import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from flux_cp.measure.flops import throughput
-from flux_cp.measure.timing import GcClock, instrumented, spin_cycles_per_ms, sync_allowed, timed_names
+from flux_cp.measure.timing import (
+    GcClock,
+    instrumented,
+    probe_figures,
+    probe_kind,
+    spin_cycles_per_ms,
+    sync_allowed,
+    timed_names,
+)
 from flux_cp.parallel.fake_group import is_fake
 from flux_cp.runs.failures import error_kind, error_line, error_trace
 from flux_cp.runs.results import (
@@ -121,11 +130,8 @@ class OpTimingCallback(Callback):
         j = batch_idx - self.skip  # index among measured steps
         if j < 0:  # warm-up (and profiled steps): instruments on, so that any recompilation or CUDA graph capture
             return "warmup" if instruments else "plain"  # they cause happens here (the ledger learns captures)
-        every = self.idle_probe_every
-        if cuda and every and j % every == every - 1:
-            return "probe"
-        if cuda and every and j >= every and j % every == 0:
-            return "settle"
+        if cuda and (probe := probe_kind(j, self.idle_probe_every)):
+            return probe
         if instruments and instrumented(j, self.regions_every):
             return "timed"
         return "plain"
@@ -275,10 +281,8 @@ class OpTimingCallback(Callback):
 
     def _figures(self, kind: str, local: dict) -> dict:
         """A step's figures under the names its kind gives them."""
-        if kind == "probe":
-            return {"device_busy_ms": local["step_ms"]}
-        if kind == "settle":
-            return {"step_after_probe_ms": local["step_ms"]}
+        if kind in ("probe", "settle"):
+            return probe_figures(kind, local)
         if kind == "timed":  # plain steps give step_ms
             return timed_names(local, self.regions_every)
         return local

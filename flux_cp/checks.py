@@ -8,6 +8,8 @@ import os
 
 from flux_cp.config import DDP_WEIGHTS, HEAD_SHARDING, BenchConfig, ConfigError, DataConfig, ModelConfig, RunConfig
 
+MAX_HOST_SLOWDOWN = 16  # --host-slowdown: at most 15 busy loops on the run's core
+
 
 def resolve(
     cfg: BenchConfig, *, cuda_available: bool, gpu_count: int, env: dict[str, str] | None = None
@@ -90,10 +92,11 @@ def resolve(
     if run.num_workers and run.loader != "workers":
         raise ConfigError(f"--num-workers {run.num_workers}: worker processes make batches with --loader workers only "
                           "(add it, or drop --num-workers)")
-    if run.host_slowdown < 1:
-        raise ConfigError(f"--host-slowdown {run.host_slowdown}: >= 1 (1: the host as it is; K: ~1/K of one core)")
+    if not 1 <= run.host_slowdown <= MAX_HOST_SLOWDOWN:  # NaN fails too
+        raise ConfigError(f"--host-slowdown {run.host_slowdown:g}: a number from 1 to {MAX_HOST_SLOWDOWN} (1: the host "
+                          "as it is; K, e.g. 1.5: ~1/K of one core)")
     if run.host_slowdown > 1 and (run.devices > 1 or run.num_nodes > 1):
-        raise ConfigError(f"--host-slowdown {run.host_slowdown}: emulated for one process (--devices 1, or "
+        raise ConfigError(f"--host-slowdown {run.host_slowdown:g}: emulated for one process (--devices 1, or "
                           f"--simulate-world W for a rank of W); drop it to run {run.devices} processes")
     if run.sigterm_every < 1:
         raise ConfigError(f"--sigterm-every {run.sigterm_every}: a number of steps >= 1 (1: Lightning's every step)")

@@ -132,8 +132,9 @@ class RunConfig:
     # > 0 (Lightning harness): a bare twin of the model trains N bare steps after every N measured Lightning steps in
     # this process, so both harnesses' steps see the same host within seconds
     interleave_bare: int = 0
-    # an emulated slower host: this process pinned to one core shared with K - 1 busy loops
-    host_slowdown: int = 1
+    # an emulated slower host (K >= 1, fractional too): this process pinned to one core beside busy loops weighted to
+    # leave it ~1/K of it (flux_cp/measure/host_load.py)
+    host_slowdown: float = 1.0
     output: str | None = None  # run folder; default: a new runs/<run_name>/<time> (runs/<run_name>/latest points at it)
     overwrite: bool = False  # let --output replace the complete run it holds
     group: str = "adhoc"  # sweep id: one wandb dashboard per group

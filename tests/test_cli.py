@@ -333,8 +333,9 @@ def test_gpu_session_without_a_gpu_fails_fast_and_leaves_nothing(tmp_path):
 
 
 def test_host_slowdown_pins_the_run_beside_a_busy_loop_and_leaves_nothing(tmp_path):
-    """--host-slowdown 2 (an emulated host of half the speed): the run trains with its threads on one core beside a
-    busy loop, records the setting for the report's regimes, and no spinner outlives it. More than one process is
+    """--host-slowdown 1.5 (an emulated host of 2/3 the speed): the run trains with its threads on one core beside a
+    busy loop at nice 3 (CFS weight 526 against its 1024), records the setting and what it applied for the report's
+    regimes, probes the host before and after its steps, and no spinner outlives it. More than one process is
     refused before anything starts."""
     import os
     import uuid
@@ -343,11 +344,13 @@ def test_host_slowdown_pins_the_run_beside_a_busy_loop_and_leaves_nothing(tmp_pa
 
     marker = f"FLUX_CP_TEST_MARK={uuid.uuid4().hex}"
     env = {**os.environ, "FLUX_CP_TEST_MARK": marker.split("=", 1)[1]}
-    r = bench("--config", TINY, "--host-slowdown", 2, "--steps", 2, "--wandb-mode", "disabled", "--harness", "bare",
+    r = bench("--config", TINY, "--host-slowdown", 1.5, "--steps", 2, "--wandb-mode", "disabled", "--harness", "bare",
               "--output", tmp_path / "run", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert d["complete"] and d["config"]["run"]["host_slowdown"] == 2
+    assert d["complete"] and d["config"]["run"]["host_slowdown"] == 1.5
+    assert d["host_load"]["spinner_nice"] == [3] and d["host_load"]["nominal_share"] == 1024 / (1024 + 526)
+    assert all(d["host_speed"][k]["mean_us"] > 0 for k in ("before", "after"))
     assert leftover_processes(marker) == []
     r = bench("--config", TINY, "--host-slowdown", 2, "--devices", 2, "--output", tmp_path / "two", env=env)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
@@ -363,11 +366,39 @@ def test_slowed_host_runs_its_spinners_on_the_pinned_core_and_restores_affinity(
 
     before = os.sched_getaffinity(0)
     me = psutil.Process()
-    with slowed_host(3) as core:
+    with slowed_host(3) as core:  # whole K: K - 1 loops at this process's weight, as before fractional settings
         spinners = me.children()
         assert len(spinners) == 2 and all(p.cpu_affinity() == [core] for p in spinners)
+        assert all(p.nice() == me.nice() for p in spinners)
         assert all(os.sched_getaffinity(int(t)) == {core} for t in os.listdir("/proc/self/task"))
     assert os.sched_getaffinity(0) == before and not any(p.is_running() and p.status() != "zombie" for p in spinners)
+    with slowed_host(2.5) as core:  # one loop at nice 0, one at nice 3 (weight 526: nearest 1024 x 0.5)
+        spinners = me.children()
+        assert sorted(p.nice() - me.nice() for p in spinners) == [0, 3]
+        assert all(p.cpu_affinity() == [core] for p in spinners)
+    assert os.sched_getaffinity(0) == before and not any(p.is_running() and p.status() != "zombie" for p in spinners)
+
+
+def test_host_slowdown_takes_a_fraction_and_refuses_bad_values_in_one_line():
+    """The busy loops' nice levels give ~1/K of the core (Linux's CFS weights, nearest level); whole K as before.
+    Values under 1, not a number, or above the cap are refused before anything starts, in one line."""
+    from flux_cp.checks import MAX_HOST_SLOWDOWN, resolve
+    from flux_cp.config import ConfigError, parse_config
+    from flux_cp.measure.host_load import applied, plan
+
+    def resolved(k):
+        return resolve(parse_config(["--config", str(TINY), "--host-slowdown", str(k)], cuda_available=False),
+                       cuda_available=False, gpu_count=0)
+
+    assert resolved(1.25).run.host_slowdown == 1.25 and resolved(2).run.host_slowdown == 2.0
+    assert plan(1.25)["spinner_nice"] == [6] and plan(1.25)["nominal_slowdown"] == pytest.approx((1024 + 272) / 1024)
+    assert plan(2)["spinner_nice"] == [0] and plan(2)["nominal_share"] == 0.5 and plan(3)["spinner_nice"] == [0, 0]
+    assert applied(1) is None and applied(1.001) is None  # nothing to run: the host as it is
+    for bad, why in ((0.5, f"a number from 1 to {MAX_HOST_SLOWDOWN}"), (MAX_HOST_SLOWDOWN + 1, "a number from 1"),
+                     ("nan", "expected a number"), ("inf", "expected a number")):  # the last two: the parser's
+        with pytest.raises(ConfigError) as e:
+            resolved(bad)
+        assert str(e.value).startswith(f"--host-slowdown {bad}: {why}") and "\n" not in str(e.value), e.value
 
 
 def test_help_speaks_a_users_words():

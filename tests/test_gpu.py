@@ -215,11 +215,12 @@ def test_timer_reads_a_running_step_only_by_waiting():
 @pytest.mark.exclusive  # its idle probes' holds are sized from host time: 5 neighbours' runs moved it (2026-12-05)
 def test_bare_and_lightning_train_alike_on_cuda(tmp_path):
     """torch's ring at world size 1 (a process group of one, DDP), fp32: the bare loop's losses are the Lightning
-    run's, and the Lightning run read its steps without waiting inside the loop."""
+    run's, and the Lightning run read its steps without waiting inside the loop. Both run idle probes on one
+    schedule: the device's busy time and the host's own issue time (the report's host model), out of step_ms."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    args = ("--cp", "torch", "--precision", "32-true", "--steps", 10, "--warmup-steps", 2)
-    lit = _gpu_run(tmp_path / "lightning", *args, "--idle-probe-every", 4)
+    args = ("--cp", "torch", "--precision", "32-true", "--steps", 10, "--warmup-steps", 2, "--idle-probe-every", 4)
+    lit = _gpu_run(tmp_path / "lightning", *args)
     bare = _gpu_run(tmp_path / "bare", *args, "--harness", "bare")
     assert (lit["harness"], bare["harness"]) == ("lightning", "bare")
     torch.testing.assert_close(torch.tensor(bare["loss"]), torch.tensor(lit["loss"]), rtol=1e-5, atol=0)
@@ -228,8 +229,13 @@ def test_bare_and_lightning_train_alike_on_cuda(tmp_path):
     # The probes held the stream longer than the host took to issue a step (host clock, no device read): their busy
     # time is the tiny model's device work, well under its host-bound step. With reads after the loop the hold fell
     # to its 2 ms floor on the H200 (2026-12-04 call 1) and busy read as the whole step.
-    holds, host = lit["probe_hold_ms"], lit["metrics"]["host_ms"]["median"]
-    assert len(holds) == 2 and min(holds) > host and lit["metrics"]["device_busy_ms"]["median"] < holds[0]
+    for d in (lit, bare):
+        holds, host, m = d["probe_hold_ms"], d["metrics"]["host_ms"]["median"], d["metrics"]
+        assert len(holds) == 2 and min(holds) > host and m["device_busy_ms"]["median"] < holds[0], d["harness"]
+        assert m["device_busy_ms"]["n"] == m["host_issue_ms"]["n"] == 2 and m["step_after_probe_ms"]["n"] == 2
+        assert 0 < m["host_issue_ms"]["max"] < min(holds) and d["idle"]["device_idle_frac"] >= 0
+        assert d["step_kinds"]["probe"] == d["step_kinds"]["settle"] == 2 and m["step_ms"]["n"] == d["step_kinds"][
+            "plain"]
 
 
 @pytest.mark.parametrize("harness,cp,extra", [

@@ -23,8 +23,10 @@ is also a profiler range `flux_cp::<name>_fwd|bwd`, so kernels can be attributed
 A "probe" step measures the device's busy time with the host out of the way: a spin kernel
 (`torch.cuda._sleep`) holds the stream while the host issues the step, so the step's kernels then
 run back to back. Its step time is `device_busy_ms`; `1 - busy / step` is the device idle fraction,
-i.e. how host bound the step is. (If the step issues more launches than the driver queues, the
-host still stalls and busy is over-estimated: the profiler's figure, `--profile`, checks it.)
+i.e. how host bound the step is; its host time, `host_issue_ms`, is the host's own time to issue a step.
+(If the step issues more launches than the driver queues, the host still stalls and busy and host time are
+over-estimated: the profiler's figure, `--profile`, checks it; predict/host.py flags a probe whose host time
+reached its hold.)
 """
 
 import contextlib
@@ -180,6 +182,24 @@ class _NoCall:
         return xs
 
     exit = enter
+
+
+def probe_kind(j: int, every: int) -> str | None:
+    """Measured step j (from 0) under an idle probe every `every` steps: "probe" (the device held while the host
+    issues it: device_busy_ms, host_issue_ms), "settle" (the step after one, starting on an idle device), or None."""
+    if not every or j < 0:
+        return None
+    if j % every == every - 1:
+        return "probe"
+    return "settle" if j >= every and j % every == 0 else None
+
+
+def probe_figures(kind: str, figures: dict) -> dict:
+    """A probe's or settle step's figures under their own names, out of the plain steps'. A probe's host time is the
+    host's own time to issue a step (the device is held: nothing to wait for), the cost a slower host stretches."""
+    if kind == "probe":
+        return {"device_busy_ms": figures["step_ms"], "host_issue_ms": figures["host_ms"]}
+    return {"step_after_probe_ms": figures["step_ms"]}
 
 
 def instrumented(j: int, every: int) -> bool:

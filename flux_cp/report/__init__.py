@@ -7,7 +7,9 @@ the W-GPU step from one GPU (flux_cp.predict.step_model, link profiles in config
 runs.py: discovery and grouping; analysis.py: parts, speedups, comm priced, verdicts;
 build.py: all of it from a folder; harness.py: Lightning against its bare twin;
 regimes.py: the user's W >= 2 runs against each W=1 baseline and work per step, a verdict per regime, the regime the
-report's verdict names; headline.py: that verdict (the 1.66x, what pays, what to run), report.md's opening;
+report's verdict names; host_axis.py: each regime's speedups as a function of the host's speed (predict/host.py's
+model), checked on emulated slower hosts; headline.py: that verdict (the 1.66x, what pays, what to run), report.md's
+opening;
 reconcile.py: "Reconciling the 1.66x" (the headline regime's figures, decomposed); levers.py: one setting's A/B;
 tables.py and sections.py: report.md's tables (at most 8 columns) and sections; figures.py and render.py: PNGs,
 markdown, HTML, JSON; wandb_out.py: the wandb run and Report.

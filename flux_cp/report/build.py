@@ -8,6 +8,7 @@ from flux_cp.predict import links
 from .analysis import Report, analyse, borrow_ledgers
 from .harness import harness_overhead
 from .headline import headline
+from .host_axis import host_axis
 from .levers import levers
 from .reconcile import reconcile
 from .regimes import regimes
@@ -37,6 +38,7 @@ def build(root: Path, link=None, cpu_link=None,
             skipped += [Skipped(r.run.path, "skipped", why) for r in c.rows]
     rep = Report(root, link, cpu_link, configs, runs, skipped, iso)
     rep.regimes = regimes(rep)  # first: the headline and the reconciliation speak with its figures
+    host_axis(rep)  # each regime's speedups as a function of the host's speed
     rep.headline = headline(rep)
     rep.reconcile = reconcile(rep, user)
     rep.harness = harness_overhead(configs, runs)

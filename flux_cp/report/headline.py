@@ -71,6 +71,7 @@ def headline(report) -> dict:
     return {"source": "regimes", "regime": rid, "number": numbers[rid], "why": reg.get("headline_kind"),
             "verdict": s["verdict"], "reason": s["reason"], "mechanism": s["mechanism"], "speedups": s["speedups"],
             "bounds": s["bounds"], "basis": s["basis"], "baseline": s["baseline"], "counts": counts,
+            "host_axis": (s.get("host_axis") or {}).get("statement"),
             "reproducing": [{"regime": k, "number": numbers[k]} for k, x in summary.items()
                             if x["verdict"] == "reproduces" and k != rid],
             "users_w1": [{"regime": k, "number": numbers[k], "speedups": summary[k]["speedups"],
@@ -133,6 +134,8 @@ def headline_md(report) -> list[str]:
                        + ", ".join(f"{v:.2f}x at W={w}" for w, v in u["speedups"].items()) + f": {u['verdict']}.")
         out.append(f"- **Why** (regime {n}, the [reconciliation](#reconcile) decomposes it): "
                    f"{h['mechanism']}.")
+        if h.get("host_axis"):  # h: the host's time per op over the regime's W=1 run's (report/host_axis.py)
+            out.append(f"- **On other hosts** (regime {n}, the regime table's host axis): {h['host_axis']}.")
         against = f"regime {n}'s W=1 step ({b['kind']}, {b['step_ms']:.3g} ms)"
         scope = f"the fastest configuration run on regime {n}'s device, model, data, host and harness"
     elif h.get("source") == "configurations":

@@ -73,9 +73,13 @@ def sigterm_every(d: dict) -> int | None:
     return 1 if n is None else int(n)
 
 
+def host_slowdown(d: dict) -> float:
+    return float(d["config"]["run"].get("host_slowdown") or 1)
+
+
 def host_label(d: dict) -> str:
-    k = int(d["config"]["run"].get("host_slowdown") or 1)
-    return "host as is" if k == 1 else f"host 1/{k} (emulated)"
+    k = host_slowdown(d)
+    return "host as is" if k == 1 else f"host 1/{k:g} (emulated)"
 
 
 def _median_run(runs: list[Run]) -> tuple[Run, str | None]:
@@ -95,12 +99,14 @@ def sync_label(d: dict) -> str:
     return "bare" if n is None else "lightning (SIGTERM sync every step)" if n == 1 else f"lightning (sync every {n})"
 
 
-def alt_key(d: dict, with_compile: bool = False) -> str:
+def alt_key(d: dict, with_compile: bool = False, with_host: bool = True) -> str:
     """What another configuration shares with a regime's runs to stand in for the user's: device, model, data (not
     the seed), every run setting but the strategy's, the world's, compile and bookkeeping, harness and sync cadence,
-    loader and timing (a recipe may change the strategy and compile; the host, batch, depth and precision stay)."""
+    loader and timing (a recipe may change the strategy and compile; the host, batch, depth and precision stay).
+    with_host=False: the same but the host's emulated slowdown (one regime on other hosts: report/host_axis.py)."""
     cfg, run = d["config"], d["config"]["run"]
-    rest = {k: v for k, v in run.items() if k not in IGNORED}
+    rest = {k: v for k, v in run.items() if k not in IGNORED} | {"host_slowdown": host_slowdown(d) if with_host else
+                                                                 None}  # 2 and 2.0 (an older summary) alike
     data = {k: v for k, v in cfg["data"].items() if k != "seed"}
     return json.dumps([d["mode"], d["env"]["device"], cfg["model"], data, rest, sync_label(d),
                        run.get("loader", "device"), run.get("timing", True),
@@ -159,10 +165,11 @@ def _mechanism(kind: str, base: dict, a: dict, W: int, run: Run) -> str:
     top = max(losses, key=losses.get)
     rest = sorted(((k, v) for k, v in losses.items() if k != top), key=lambda x: -x[1])
     busy, host, step = run.metric("device_busy_ms"), a["host_ms"], a["step_ms"]
+    issue = run.metric("host_issue_ms")  # the probe's: the host's own time, no wait on the device in it
     if busy is not None:
         bound = "host-bound" if busy < 0.9 * step else "device-bound"
-        dev = (f"the W={W} rank's device is busy {busy:.3g} ms of its {step:.3g} ms step, its host takes "
-               f"{host:.3g} ms: {bound}")
+        took = f"issues it in {issue:.3g} ms" if issue else f"takes {host:.3g} ms"
+        dev = f"the W={W} rank's device is busy {busy:.3g} ms of its {step:.3g} ms step, its host {took}: {bound}"
     else:
         dev = (f"device busy not recorded at W={W} ({harness(run.d)} loop: host-bound share not recorded), host "
                f"{host:.3g} ms per {step:.3g} ms step")

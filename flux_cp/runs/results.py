@@ -15,6 +15,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from flux_cp.measure.host_load import applied
+
 SCHEMA = 1
 REQUIRED = ("schema", "mode", "run_name", "group", "world_size", "cp", "config", "env", "metrics", "loss")
 TRAIN_METRICS = ("step_ms", "host_ms", "sdpa_fwd_ms", "sdpa_bwd_ms", "qkv_gemm_fwd_ms", "qkv_gemm_bwd_ms")
@@ -72,8 +74,11 @@ def cpu_model() -> str | None:
 def host_probe(n: int = 4000, reps: int = 7) -> dict:
     """The host's speed at issuing work, as the step's host-bound part sees it: microseconds per tiny torch op (a
     one-element in-place add on the CPU: Python and ATen's dispatch, no kernel worth the name), over reps of n ops:
-    median, min and max. On the H200 machines lent here the same W >= 2 step took 39 ms in one call and 78 ms in
-    another, device time equal; one lease's probes read 3.0-7.6 us."""
+    median, min and max, and the mean over all reps: the host speed over the whole probe (tens of ms), which a share
+    of a core sets (--host-slowdown 1.25 and 1.5 read 1.26x and 1.50x the unloaded mean on a 2-core EPYC VM, their
+    medians over reps of a few ms 1.56x both: the scheduler's slices are that long). On the H200 machines lent here
+    the same W >= 2 step took 39 ms in one call and 78 ms in another, device time equal; one lease's probes read
+    3.0-7.6 us."""
     import torch
 
     x = torch.zeros(1)
@@ -83,7 +88,8 @@ def host_probe(n: int = 4000, reps: int = 7) -> dict:
         for _ in range(n):
             x.add_(1.0)
         times.append((time.perf_counter() - t0) / n * 1e6)
-    return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times), "reps": reps}
+    return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times),
+            "mean_us": statistics.fmean(times), "reps": reps}
 
 
 def host_op_us(n: int = 4000, reps: int = 7) -> float:
@@ -149,6 +155,8 @@ def train_header(cfg, params: int) -> dict:
         "weights": run.weights,
         "config": cfg.to_dict(),
         "env": env_info("cuda" if run.accelerator == "gpu" else "cpu"),
+        # --host-slowdown's busy loops and their nominal share (env's host probe: what they did)
+        "host_load": applied(run.host_slowdown),
         "params": params,
         "tokens_per_rank": cfg.data.seq_len // run.cp_degree,
         # samples a forward and backward of a data-parallel group: batch_size / --micro-batches

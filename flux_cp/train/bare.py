@@ -6,10 +6,12 @@ No Trainer, no callbacks, no loader: the model, CP strategy, weights mode (DDP w
 FSDP2), precision, compile setting and (simulated) world are built as the Lightning run builds them, the same
 FluxStep (flux_cp/train/step.py) runs each step, every batch is made on the device before the loop, and each step
 records one pair of events; the ledger records warm-up steps and every --regions-every'th measured step ("timed",
-out of step_ms), as the Lightning run's instrumented steps. Nothing is read
-until the loop ends. The Lightning run's step is held against this one (the report's harness overhead); their
-losses agree step for step. With --devices N this process is rank 0 and starts ranks 1..N-1 as copies of its
-own command line (as Lightning's launcher does): gloo on CPU, NCCL on GPUs.
+out of step_ms), as the Lightning run's instrumented steps; on CUDA every --idle-probe-every'th measured step is
+an idle probe as the Lightning run's (device_busy_ms, host_issue_ms; the step after it apart: step_after_probe_ms),
+which waits for its own last event before the next step. Nothing is read until the loop ends. The Lightning
+run's step is held against this one (the report's harness overhead); their losses agree step for step. With
+--devices N this process is rank 0 and starts ranks 1..N-1 as copies of its own command line (as Lightning's
+launcher does): gloo on CPU, NCCL on GPUs.
 """
 
 import contextlib
@@ -27,7 +29,15 @@ import torch.distributed as dist
 from flux_cp.config import DDP_WEIGHTS, BenchConfig
 from flux_cp.data import DTYPES, device_batches
 from flux_cp.measure.ledger import ledger_for
-from flux_cp.measure.timing import StepTimer, instrumented, timed_names
+from flux_cp.measure.timing import (
+    StepTimer,
+    instrumented,
+    probe_figures,
+    probe_kind,
+    spin_cycles_per_ms,
+    sync_allowed,
+    timed_names,
+)
 from flux_cp.model import num_params
 from flux_cp.parallel.fake_group import allreduce_hook, init_fake_world
 from flux_cp.parallel.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
@@ -150,11 +160,25 @@ def _run(cfg: BenchConfig, report) -> int:
     summary = RunSummary(Path(run.output) / "summary.json", header, run.warmup_steps)
     reset_peak_memory(timer.cuda)  # as the Lightning run: from the loop's start, model and batches in place
     records, wall = [], {"start": time.time()}
+    every = run.idle_probe_every if timer.cuda else 0
+    if every:
+        spin_cycles_per_ms()  # calibrated (it synchronises) before any step, not inside the first probe
+        summary.header["probe_hold_ms"] = []
+    host_ms = 0.0
     try:
         with default_dtype(dtype):  # as Lightning's precision plugin around training_step
             for i, batch in enumerate(batches):
-                timer.start_step(regions=False, comm=_ledger_step(i, run))
-                records.append(timer.end_step(step(fwd, opt, batch)))
+                # an idle probe (as the Lightning run's, its schedule): the stream held longer than the host needs
+                probe = probe_kind(i - run.warmup_steps, every)
+                hold = 1.5 * host_ms + 2.0 if probe == "probe" else 0.0
+                timer.start_step(regions=False, probe_ms=hold, comm=not probe and _ledger_step(i, run))
+                rec = timer.end_step(step(fwd, opt, batch))
+                host_ms = (rec["host1"] - rec["host0"]) * 1e3
+                if probe == "probe":  # its backlog drained before the next step, as the Lightning run's probe
+                    summary.header["probe_hold_ms"].append(round(hold, 3))
+                    with sync_allowed(True):
+                        rec.get("ready", rec["dev1"]).synchronize()
+                records.append(rec | {"kind": probe})
                 if i + 1 == run.warmup_steps:
                     wall["warm"] = time.time()
                 if run.dump_grads and i == 0:
@@ -196,15 +220,19 @@ def _ledger_step(i: int, run) -> bool:
 
 def _add_steps(summary: RunSummary, timer: StepTimer, records: list[dict], gloo, run) -> None:
     """Every step read (after the loop: waiting is allowed now), gathered over the ranks, into the summary. Steps
-    that recorded the ledger are "timed" (their figures *_timed_ms, out of step_ms), the rest "plain"."""
+    that recorded the ledger are "timed" (their figures *_timed_ms, out of step_ms), probes and the steps after them
+    under their own names, the rest "plain"."""
     rows = []
     for i, rec in enumerate(records):
         f = timer.read(rec, wait=True)
         if i + 1 < len(records):  # the host's period from this step's start to the next's
             f["loop_ms"] = (records[i + 1]["host0"] - rec["host0"]) * 1e3
-        rows.append(("timed" if i >= summary.warmup_steps and "comm" in f else "plain", f))
+        rows.append((rec.get("kind") or ("timed" if i >= summary.warmup_steps and "comm" in f else "plain"), f))
     for i, (kind, f) in enumerate(rows):
         keys = [k for k in ("step_ms", "host_ms", "loop_ms") if k in f]
+        if kind in ("probe", "settle"):  # their figures under their own names (device_busy_ms, ...)
+            f = f | probe_figures(kind, f)
+            keys = list(probe_figures(kind, f))
         every = gather_row([f[k] for k in keys] + [f["loss"]], gloo)  # same steps and keys on every rank: they pair
         vmax, vmin = every[:, :-1].max(0).values.tolist(), every[:, :-1].min(0).values.tolist()
         names = list(timed_names(dict.fromkeys(keys), run.regions_every)) if kind == "timed" else keys
