@@ -31,6 +31,8 @@ LEVERS = {
     "step graph": ("step_graph",),
     "weights": ("weights",),
     "SDPA backend": ("sdpa_backend",),
+    # a simulated rank computing beside its collectives' traffic (--contention): the cost of sharing the GPU with NCCL
+    "traffic beside the compute": ("contention", "contention_ctas"),
 }
 _DEFAULT = RunConfig()
 
