@@ -121,6 +121,8 @@ class Contention:
         ctas = self.ctas
         self.stream = torch.cuda.Stream(device)
         self.src, self.dst, self.span_iters = scratch(device, ctas)
+        for t in (self.src, self.dst):  # freed at the run's end: not reused before the traffic in flight ends
+            t.record_stream(self.stream)
         self.counts = self._zero()
         self.left_out = {"blocking": 0, "recv": 0, "one_rank": 0}
         self._pending = None  # counts of the capture the stream has joined, until it ends
