@@ -164,7 +164,7 @@ class RunConfig:
     simulate_rank: int = 0  # which rank of the simulated job this process is
     # a simulated rank on a GPU: each collective it issues also puts its traffic on the device (a kernel on a side
     # stream, --contention-ctas CTAs for the collective's priced time, moving its bus bytes), as a real rank's NCCL
-    # kernels share SMs and memory with its overlapped compute (flux_cp/parallel/contention.py)
+    # kernels share SMs and memory with the compute they overlap
     contention: bool = False
     contention_ctas: int = 24  # --contention: CTAs the traffic keeps resident (NCCL on NVLink: ~16-32 channels)
     sync_debug: bool = False  # CUDA: count the loop's synchronizing calls by call site (torch's sync debug mode)
