@@ -302,6 +302,8 @@ class OpTimingCallback(Callback):
         self.wall["end"] = time.time()
         self.summary.header["memory"] = peak_memory(pl_module.timer.cuda)  # this rank's, over the steps
         record_host_speed(self.summary.header)  # did the host's speed change over the steps
+        if pl_module.step is not None and pl_module.step.contention is not None:  # --contention: what it issued
+            self.summary.header["contention"] = pl_module.step.contention.summary()
         self._finish_reads(trainer, pl_module, collective=True)
         if self.twin is not None:  # the bare twin's steps against this rank's plain steps, read by now
             plain = [x for x in self.summary.per_step.get("step_ms", []) if x is not None]

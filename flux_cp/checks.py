@@ -28,6 +28,8 @@ def resolve(
     check_dims(model, data)
     if not run.ops_only:
         _check_simulation(run)
+    if run.contention or run.contention_ctas != RunConfig.contention_ctas:
+        _check_contention(run)
     ranks = run.world_size
     if run.cp_degree is None:
         run.cp_degree = ranks  # pure CP, as with one node
@@ -252,6 +254,27 @@ def _check_simulation(run: RunConfig) -> None:
         )
     if not 0 <= run.simulate_rank < sim:
         raise ConfigError(f"--simulate-rank {run.simulate_rank}: ranks of --simulate-world {sim} run 0..{sim - 1}")
+
+
+def _check_contention(run: RunConfig) -> None:
+    """--contention: a simulated rank's collectives put on its GPU as traffic (flux_cp/parallel/contention.py; its
+    Triton kernel: CUDA builds of torch ship Triton)."""
+    why = None
+    if not run.contention:
+        why = (f"--contention-ctas {run.contention_ctas}: the size of --contention's traffic kernels (add --contention "
+               "true, or drop it)")
+    elif run.ops_only:
+        why = "--contention: traffic beside a training step, not the op bench (drop --ops-only or --contention)"
+    elif run.accelerator != "gpu":
+        why = ("--contention: a simulated rank's collectives put on its GPU as traffic, and there is no GPU here "
+               "(drop --contention, or run with --accelerator gpu)")
+    elif not run.simulate_world:
+        why = ("--contention: puts a simulated rank's collectives on its GPU; real ranks' NCCL kernels are that "
+               "traffic already (add --simulate-world W, or drop --contention)")
+    elif not 1 <= run.contention_ctas <= 1024:
+        why = f"--contention-ctas {run.contention_ctas}: CTAs of each traffic kernel, 1..1024 (NCCL's ~16-32)"
+    if why:
+        raise ConfigError(why)
 
 
 def _check_heads(model: ModelConfig, cp: str, w: int, what: str, fix: str) -> None:

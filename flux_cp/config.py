@@ -167,6 +167,11 @@ class RunConfig:
     # (torch's fake backend): the real code with a rank's shapes, collectives moving nothing; --ops-only takes a list
     simulate_world: int | list[int] | str | None = None
     simulate_rank: int = 0  # which rank of the simulated job this process is
+    # a simulated rank on a GPU: each collective it issues also puts its traffic on the device (a kernel on a side
+    # stream, --contention-ctas CTAs for the collective's priced time, moving its bus bytes), as a real rank's NCCL
+    # kernels share SMs and memory with the compute they overlap
+    contention: bool = False
+    contention_ctas: int = 24  # --contention: CTAs the traffic keeps resident (NCCL on NVLink: ~16-32 channels)
     sync_debug: bool = False  # CUDA: count the loop's synchronizing calls by call site (torch's sync debug mode)
     gc_every: int = 0  # > 0: Python's automatic GC off in training, a young-generation collect every N steps
     dump_grads: bool = False  # save every parameter's gradient after the first step (numerics checks)
@@ -224,6 +229,7 @@ RUN_GROUPS = {
                     "sdpa_backend", "split_conditioning", "simulate_world", "simulate_rank"),
     "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step
+    "Contention": ("contention", "contention_ctas"),  # not bookkeeping: it changes the measured step
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",
                              "gc_every"),
     "Ledger": ("ledger",),  # not bookkeeping: it costs its steps host time (and older runs' every step)

@@ -285,6 +285,10 @@ def print_summary(d: dict, path: Path) -> None:
         sim = d["simulate"]
         console.print(f"simulated: rank {sim['rank']} of a {sim['world']}-rank job over torch's fake process group "
                       "(collectives move nothing: losses not meaningful, communication in summary.json's comm ledger)")
+    if c := d.get("contention"):
+        gib = c["bus_bytes"] / 2**30
+        console.print(f"contention: {c['kernels']} traffic kernels ({c['ctas']} CTAs each), {gib:.2f} GiB of bus bytes "
+                      f"over {c['priced_ms']:.1f} ms priced ({c['link']})")
     if d.get("comm", {}).get("per_step"):  # none at one rank
         per = ", ".join(f"{k} {v['count']} x ({v['bytes'] / 2**20:.1f} MiB)" for k, v in d["comm"]["per_step"].items())
         console.print(f"collectives per step: {per}")

@@ -150,6 +150,8 @@ BAD = [
     (["--model.num_hedz", 3], "num_hedz"),
     (["--cp", "ring"], "--cp ring: choose one of auto, torch, allgather-kv, ulysses, tp, none"),
     (["--precision", "fp8"], "--precision fp8: choose one of bf16-true, 32-true, 64-true"),
+    (["--simulate-world", 2, "--contention", "true"], "--contention: a simulated rank's collectives put on its GPU as "
+     "traffic, and there is no GPU here"),
     (["--steps", "many"], "--steps many: expected an integer"),
     (["--simulate-world", 2, "--devices", 2], "--simulate-world 2: this one process is a rank of the simulated job"),
     (["--simulate-world", 1], "--simulate-world 1: a simulated job has W >= 2 ranks"),

@@ -337,3 +337,33 @@ def test_all_to_alls_awaited_apart_replay_in_a_cuda_graph(pg):
     torch.cuda.synchronize()
     torch.testing.assert_close(out, eager)
     torch.testing.assert_close((x.grad, w.grad), want)
+
+
+@pytest.mark.parametrize("harness,graph", [("bare", False), ("bare", True), ("lightning", False)],
+                         ids=["bare", "bare-step-graph", "lightning"])
+def test_contention_changes_no_loss_and_records_its_traffic(tmp_path, harness, graph):
+    """--contention (parallel/contention.py) on Ulysses + ZeRO-2 as rank 0 of a 2-rank fake-group job, fp32: every
+    asynchronous collective of every step (ZeRO-2's reduce-scatters and gathers) launches its traffic kernel on a side
+    stream (under --step-graph captured once and replayed with the step), Ulysses' blocking all-to-alls none; the
+    losses are the run's without it, and summary.json counts the kernels and bus bytes its eager ledger implies."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from flux_cp.predict.links import bus_factor
+
+    steps, warmup = 4, 12 if graph else 2
+    args = ("--harness", harness, "--cp", "ulysses", "--weights", "zero2", "--simulate-world", 2, "--precision",
+            "32-true", "--steps", steps, "--warmup-steps", warmup)
+    off = _gpu_run(tmp_path / "off", *args)  # eager: its ledger places every collective
+    on = _gpu_run(tmp_path / "on", *args, "--contention", "true", "--step-graph", str(graph).lower())
+    torch.testing.assert_close(torch.tensor(on["loss"]), torch.tensor(off["loss"]), rtol=1e-5, atol=0)
+    c = on["contention"]
+    assert "contention" not in off and c["on"] and c["ctas"] == 24 and on["config"]["run"]["contention"]
+    step = [e for e in off["comm"]["ledger"][-1]["collectives"] if e["group_size"] > 1]
+    traffic = [e for e in step if e["async"] and e["kind"] != "recv"]
+    assert traffic and any(not e["async"] for e in step)  # both kinds in the step
+    bus = sum(int(e["bytes"] * bus_factor(e["kind"], e["group_size"])) for e in traffic)
+    n = steps + warmup
+    assert (c["kernels"], c["bus_bytes"]) == (n * len(traffic), n * bus), (c, len(traffic), bus)
+    # blocking ones are seen where Python runs the step: every eager step, the capture (replays run none)
+    assert c["left_out"]["blocking"] >= (warmup if graph else n) * (len(step) - len(traffic)) > 0
+    assert c["replayed"] == ((steps + 1) * len(traffic) if graph else 0)  # the capture step replays too

@@ -11,7 +11,8 @@ C++ reducer, FSDP2, ZeroRedundancyOptimizer, torch's ring through functional col
 kernel registered at the BackendSelect key of those ops (and of the functional ones) records the call and
 redispatches below itself, to the backend's own kernel. Only collectives pay the Python call (~20-40 us each on a
 2-core CPU, and as much while registered but not recording: tools/ledger_cost.py), so the kernels are registered
-only while a step records (`start` .. `stop`, and a CUDA graph's capture) and removed in between: at W >= 2 the host
+only while a step records (`start` .. `stop`, and a CUDA graph's capture; every step while --contention taps
+them: `tap`) and removed in between: at W >= 2 the host
 sets the step's pace, and on an H200 a ledger in every step made the ring's step 7-26% longer
 (docs/archive/2026-12-04b-h200-session.md); the harnesses record it in their instrumented steps only. Compute ops
 never see it, unlike a TorchDispatchMode such as CommDebugMode, which would add a Python call
@@ -127,6 +128,7 @@ class CommLedger:
         self._graphs = weakref.WeakKeyDictionary()  # CUDAGraph -> the collectives it captured
         self._kernels = self._make_kernels()  # (namespace, op name, kernel): registered while recording
         self._libs = []  # the registrations while attached
+        self._tap = None  # fn(kind, bytes, group_size, async) at every collective while set (parallel/contention.py)
 
     @classmethod
     def get(cls) -> "CommLedger":
@@ -142,9 +144,18 @@ class CommLedger:
     def stop(self) -> list[dict]:
         entries, self._clock = self._entries, None
         self._by_output = {}
-        if not self._capturing_on:  # a capture in progress still listens
+        if not self._capturing_on and self._tap is None:  # a capture in progress, or a tap, still listens
             self._detach()
         return entries
+
+    def tap(self, fn) -> None:
+        """Call fn(kind, nbytes, group_size, async_op) at every collective from now on, recording or not (None: no
+        more): the kernels stay registered meanwhile, each collective paying their Python call in every step."""
+        self._tap = fn
+        if fn is not None:
+            self._attach()
+        elif self._clock is None and not self._capturing_on:
+            self._detach()
 
     @property
     def attached(self) -> bool:
@@ -205,12 +216,16 @@ class CommLedger:
             inside = getattr(local, "inside", False)
             a0 = args[0]  # the op's first tensor (or list of them): its output, where the dispatch keys come from
             t = a0 if isinstance(a0, torch.Tensor) else a0[0] if a0 and isinstance(a0[0], torch.Tensor) else None
-            if self._listening() and not inside and not _is_fake(args):
+            if (self._listening() or self._tap is not None) and not inside and not _is_fake(args):
                 given = i_async is not None and i_async < len(args)
                 async_op = args[i_async] if given else kwargs.get("async_op", True)
-                e = self._record(kind, _nbytes(args[size_arg]), _group_size(args), async_op)
-                if async_op and t is not None and e["issue"] is not None:  # its consumer may say where: consumed()
-                    self._by_output[t.data_ptr()] = e
+                nbytes, n = _nbytes(args[size_arg]), _group_size(args)
+                if self._tap is not None:
+                    self._tap(kind, nbytes, n, bool(async_op))
+                if self._listening():
+                    e = self._record(kind, nbytes, n, async_op)
+                    if async_op and t is not None and e["issue"] is not None:  # its consumer may say: consumed()
+                        self._by_output[t.data_ptr()] = e
             local.inside = True  # the backend's own ops (gloo copies its result) belong to the collective
             try:
                 return _below(op, args, kwargs, t)
@@ -234,13 +249,17 @@ class CommLedger:
         local = self._local
 
         def kernel(*args, **kwargs):  # args[0]: the input tensor
-            record = self._listening() and not isinstance(args[0], FakeTensor)
+            real = not isinstance(args[0], FakeTensor)
+            record, tap = self._listening() and real, self._tap if real else None
             inside = getattr(local, "inside", False)
             local.inside = True
             try:
                 out = _below(op, args, kwargs, args[0])
             finally:
                 local.inside = inside
+            if tap is not None:
+                n = _group_size(args, args[-1])
+                tap(kind, _nbytes(args[0]) * (n if gathers else 1), n, True)
             if record:
                 n = _group_size(args, args[-1])
                 e = self._record(kind, _nbytes(args[0]) * (n if gathers else 1), n, True)
@@ -315,7 +334,7 @@ class CommLedger:
                 return end(graph)
             finally:
                 ledger._capturing_on.pop(streams.pop(graph, None), None)
-                if ledger._clock is None and not ledger._capturing_on:
+                if ledger._clock is None and not ledger._capturing_on and ledger._tap is None:
                     ledger._detach()
 
         def replay_(graph):

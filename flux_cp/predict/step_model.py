@@ -13,7 +13,8 @@ the compute only where its consumer waits, by whatever is left of it then. What 
 the exposed communication; it is charged to the collectives the stream was running meanwhile.
 Bounds: everything hidden (lower = compute) and nothing hidden (upper = compute + every price).
 It ignores that communication kernels slow concurrent compute (shared SMs, memory bandwidth): on GPUs
-the measured step can exceed the prediction by that; the real-process check says by how much.
+the measured step can exceed the prediction by that; the real-process check says by how much, and a simulated rank
+run with --contention (parallel/contention.py) computes beside its collectives' traffic, so its timeline carries it.
 """
 
 from dataclasses import dataclass, field

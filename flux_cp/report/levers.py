@@ -6,7 +6,9 @@ train runs in one suite's folder (one call: one host, one device, one code versi
 one lever's, at the same W and harness, is a row: the rank's measured step and the predicted step (its collectives
 priced, analysis.analyse_row) both ways. The lever's default value is the "before"; each other value an "after".
 Runs repeated in the folder: their median run (regimes._median_run). Pairs across folders are not made: another
-call ran on another host's mood (runs.py), and maybe other code.
+call ran on another host's mood (runs.py), and maybe other code. --contention is one (a simulated rank computing
+beside its collectives' traffic, parallel/contention.py): the recipes' predicted steps with and without the SMs and
+memory NCCL's kernels would take from the compute they overlap.
 """
 
 import json
@@ -31,6 +33,8 @@ LEVERS = {
     "step graph": ("step_graph",),
     "weights": ("weights",),
     "SDPA backend": ("sdpa_backend",),
+    # a simulated rank computing beside its collectives' traffic (--contention): the cost of sharing the GPU with NCCL
+    "traffic beside the compute": ("contention", "contention_ctas"),
 }
 _DEFAULT = RunConfig()
 

@@ -216,8 +216,17 @@ def strategy_label(d: dict) -> str:
     if run_setting(d["config"]["run"], "ulysses_overlap"):
         cp += " overlap"  # the single blocks' all-to-alls under their MLP (--ulysses-overlap)
     split = " split-cond" if d["config"]["run"].get("split_conditioning") else ""  # AdaLN linears split over W
+    split += _contention_mark(d["config"]["run"])
     bare = BARE if harness(d) == "bare" else ""  # before " simulated": match_isolated reads the label's end
     return cp + zero + split + bare + (" simulated" if d.get("simulate_world") else "")
+
+
+def _contention_mark(run: dict) -> str:
+    """--contention: the simulated rank computed beside its collectives' traffic (its CTAs where not the default)."""
+    if not run_setting(run, "contention"):
+        return ""
+    ctas = run_setting(run, "contention_ctas")
+    return " contention" + ("" if ctas == RunConfig.contention_ctas else f"-{ctas}cta")
 
 
 @dataclass

@@ -186,6 +186,8 @@ def _run(cfg: BenchConfig, report) -> int:
         step.finish(opt)
         wall["end"] = time.time()
         summary.header["memory"] = peak_memory(timer.cuda)  # this rank's, over the steps
+        if step.contention is not None:  # --contention: what it put on the device
+            summary.header["contention"] = step.contention.summary()
         if run.dump_params:
             _save(rank, run, full_params(model), "params_final.pt")
     except BaseException as e:  # what was measured is kept: this rank's own figures, complete: false

@@ -22,6 +22,7 @@ from flux_cp.config import BenchConfig
 from flux_cp.data import DTYPES
 from flux_cp.measure.timing import StepTimer
 from flux_cp.model import FluxDiT, image_ids, text_ids
+from flux_cp.parallel import contention
 from flux_cp.parallel.cp import apply_cp, shard, split_conditioning
 from flux_cp.parallel.registry import make_strategy
 from flux_cp.parallel.tp import apply_tp, rope_tables
@@ -101,6 +102,8 @@ class FluxStep:
             split_conditioning(model, self.strategy)
         if run.compile:
             compile_model(model, run)
+        # --contention: each collective's traffic on the GPU beside the compute; none left by an earlier run in-process
+        self.contention = contention.start(run, device) if run.contention else contention.stop()
         # --step-graph: eager through warm-up but its last step, which captures (flux_cp/train/step_graph.py)
         # --grad-bucket-view: gradients stay views into DDP's buckets, zeroed in place (freed, the next backward would
         # allocate new ones and DDP copy them in again)
@@ -138,6 +141,8 @@ class FluxStep:
         """Release what the step holds on the device that must go before the process group does (the step graph)."""
         if self.graph is not None:
             self.graph.release()
+        if self.contention is not None:
+            contention.stop()
 
     def _step(self, model, opt, batch: dict, backward) -> torch.Tensor:
         # Before the forward: FSDP2 leaves the root unit unsharded after it, where a model.zero_grad would clear the
