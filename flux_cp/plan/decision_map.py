@@ -30,9 +30,10 @@ def load_map(root: Path) -> list[dict]:
             continue
         s = d.get("summary") or {}
         ran = [r for r in d["plans"] if r["status"] == "ran"]
+        failed = sum(r["status"] not in ("ran", "pruned") for r in d["plans"])
         S, B, W = map(int, m.groups())
         rows.append({"cell": d["cell"], "S": S, "B": B, "W": W, "device": d.get("device"), "link": d.get("link"),
-                     "plans_ran": len(ran), "plans_failed": sum(r["status"] not in ("ran", "pruned") for r in d["plans"]),
+                     "plans_ran": len(ran), "plans_failed": failed,
                      "best": _brief(s.get("best")), "runner_up": _brief(s.get("runner_up")),
                      "data_parallel": _brief(s.get("data_parallel")), "best_over_dp": s.get("best_over_dp"),
                      "source": str(f)})
