@@ -11,21 +11,21 @@ log() { echo "== $(date -u +%FT%TZ) $*"; }
 saver=$!
 log device; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; git log --oneline -1
 log "gpu tests (the code that changed: step, bare loop's idle probe, contention)"
-timeout 110 python3 -m pytest -m gpu -n 4 -q -rfE --tb=short -p no:cacheprovider tests/test_gpu.py -k \
+timeout 100 python3 -m pytest -m gpu -n 4 -q -rfE --tb=short -p no:cacheprovider tests/test_gpu.py -k \
   "contention or bare_and_lightning or training_loop_makes_no or step_graph_trains or simulated_ring_ledger" \
   > "$OUT/gpu_tests.log" 2>&1; tail -4 "$OUT/gpu_tests.log"
 log contention bench
-timeout 45 python3 tools/contention_bench.py --output "$OUT/contention.json" 2>&1 | tail -8
+timeout 40 python3 tools/contention_bench.py --trials 5 --output "$OUT/contention.json" 2>&1 | tail -8
 A="--builds eager --cp none,allgather-kv,ulysses,tp --weights ddp,zero2"
 log "map cells, 4608 tokens"
-OUT=$OUT CELLS="4608:1:1 4608:1:2 4608:2:2 4608:1:8 4608:32:8 4608:1:4 4608:4:4" timeout 150 tools/plan_map.sh $A \
+OUT=$OUT CELLS="4608:1:1 4608:1:2 4608:2:2 4608:1:8 4608:32:8 4608:1:4 4608:4:4" timeout 140 tools/plan_map.sh $A \
   --steps 8 --warmup-steps 3 2>&1 | grep "^== \|^best\|rror"
 log "Flux.1 depth: 19 + 38 blocks, S 4608, B 8, W 8"
-timeout 130 python3 scripts/plan.py --config configs/flux1.yaml --global-batch 8 --world 8 --cp none,ulysses,tp \
+timeout 120 python3 scripts/plan.py --config configs/flux1.yaml --global-batch 8 --world 8 --cp none,ulysses,tp \
   --weights zero2,fsdp,ddp --only dp8-zero2-eager,dp1xulysses8-zero2-eager,dp1xtp8-ddp-eager,dp8-fsdp-eager \
   --steps 4 --warmup-steps 2 --output "$OUT/flux1" 2>&1 | grep -v "^sweep ━\|^\[ok\]" | tail -14
 log "host axis"
-timeout 110 python3 scripts/sweep.py configs/suites/flux_host_axis.yaml --output-root "$OUT/suites" --in-process 2>&1 \
+timeout ${HOST_AXIS_S:-110} python3 scripts/sweep.py configs/suites/flux_host_axis.yaml --output-root "$OUT/suites" --in-process 2>&1 \
   | grep -v "^sweep ━" | tail -6
 log "map cells, 16384 tokens"
 OUT=$OUT CELLS="16384:1:1 16384:1:8 16384:8:8" tools/plan_map.sh $A --steps 5 --warmup-steps 2 2>&1 | grep "^== \|^best\|rror"
