@@ -133,7 +133,7 @@ class RunConfig:
     # this process, so both harnesses' steps see the same host within seconds
     interleave_bare: int = 0
     # an emulated slower host (K >= 1, fractional too): this process pinned to one core beside busy loops weighted to
-    # leave it ~1/K of it (flux_cp/measure/host_load.py)
+    # leave it ~1/K of it
     host_slowdown: float = 1.0
     output: str | None = None  # run folder; default: a new runs/<run_name>/<time> (runs/<run_name>/latest points at it)
     overwrite: bool = False  # let --output replace the complete run it holds
