@@ -27,7 +27,7 @@ test: setup  # the CPU tests but the slow fault and sweep cases (CI runs both se
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow" $(ARGS)
 
 test-slow: setup  # hung and killed ranks, a sweep's out-of-memory run and resume
-	$(BIN)/python -m pytest -q -m slow $(ARGS)
+	$(BIN)/python -m pytest -q -n 2 -m slow $(ARGS)  # two at a time: the hung-rank cases mostly wait
 
 lint: setup
 	$(BIN)/ruff check .
