@@ -15,8 +15,8 @@ only while a step records (`start` .. `stop`, and a CUDA graph's capture; every 
 `tap`) and removed in between: at W >= 2 the host sets the step's pace, and on an H200 a ledger in every step made
 the ring's step 7-26% longer (docs/archive/2026-12-04b-h200-session.md); the harnesses record it in their
 instrumented steps only. Compute ops never see it, unlike a TorchDispatchMode such as CommDebugMode, which would
-add a Python call to every aten op of the step. The same kernels see a real group (gloo, NCCL) and torch's fake one, so a
-simulated rank's ledger is comparable entry by entry with a real rank's.
+add a Python call to every aten op of the step. The same kernels see a real group (gloo, NCCL) and torch's fake
+one, so a simulated rank's ledger is comparable entry by entry with a real rank's.
 
 An entry: kind, bytes (nccl-tests' "size": all_gather = output, reduce_scatter and all_to_all = input,
 all_reduce and broadcast = the tensor), group_size, async (false: the issuing stream waits at once),
