@@ -11,13 +11,12 @@ C++ reducer, FSDP2, ZeroRedundancyOptimizer, torch's ring through functional col
 kernel registered at the BackendSelect key of those ops (and of the functional ones) records the call and
 redispatches below itself, to the backend's own kernel. Only collectives pay the Python call (~20-40 us each on a
 2-core CPU, and as much while registered but not recording: tools/ledger_cost.py), so the kernels are registered
-only while a step records (`start` .. `stop`, and a CUDA graph's capture; every step while --contention taps
-them: `tap`) and removed in between: at W >= 2 the host
-sets the step's pace, and on an H200 a ledger in every step made the ring's step 7-26% longer
-(docs/archive/2026-12-04b-h200-session.md); the harnesses record it in their instrumented steps only. Compute ops
-never see it, unlike a TorchDispatchMode such as CommDebugMode, which would add a Python call
-to every aten op of the step. The same kernels see a real group (gloo, NCCL) and torch's fake one, so a
-simulated rank's ledger is comparable entry by entry with a real rank's.
+only while a step records (`start` .. `stop`, and a CUDA graph's capture; every step while --contention taps them:
+`tap`) and removed in between: at W >= 2 the host sets the step's pace, and on an H200 a ledger in every step made
+the ring's step 7-26% longer (docs/archive/2026-12-04b-h200-session.md); the harnesses record it in their
+instrumented steps only. Compute ops never see it, unlike a TorchDispatchMode such as CommDebugMode, which would
+add a Python call to every aten op of the step. The same kernels see a real group (gloo, NCCL) and torch's fake
+one, so a simulated rank's ledger is comparable entry by entry with a real rank's.
 
 An entry: kind, bytes (nccl-tests' "size": all_gather = output, reduce_scatter and all_to_all = input,
 all_reduce and broadcast = the tensor), group_size, async (false: the issuing stream waits at once),
@@ -257,14 +256,15 @@ class CommLedger:
                 out = _below(op, args, kwargs, args[0])
             finally:
                 local.inside = inside
-            if tap is not None:
+            if tap is not None or record:
                 n = _group_size(args, args[-1])
-                tap(kind, _nbytes(args[0]) * (n if gathers else 1), n, True)
-            if record:
-                n = _group_size(args, args[-1])
-                e = self._record(kind, _nbytes(args[0]) * (n if gathers else 1), n, True)
-                if isinstance(out, torch.Tensor) and e["issue"] is not None:
-                    self._by_output[out.data_ptr()] = e
+                nbytes = _nbytes(args[0]) * (n if gathers else 1)
+                if tap is not None:
+                    tap(kind, nbytes, n, True)
+                if record:
+                    e = self._record(kind, nbytes, n, True)
+                    if isinstance(out, torch.Tensor) and e["issue"] is not None:
+                        self._by_output[out.data_ptr()] = e
             return out
 
         return kernel
