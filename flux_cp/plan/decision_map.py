@@ -85,6 +85,7 @@ def draw(rows: list[dict], path: Path, title: str = "") -> Path:
                 ax.plot(*zip(*best), "o-", color=color, label=f"{label}: best")
             if dp and label != "B = 1":
                 ax.plot(*zip(*dp), "s--", color=color, alpha=0.6, label=f"{label}: plain DP")
+        ax.set_ylim(bottom=0)  # tokens/s a GPU from zero: equal work compares at equal heights
         ax.set_xscale("log", base=2)
         ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
         ax.set_xlabel("W (GPUs)")
