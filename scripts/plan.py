@@ -4,6 +4,7 @@ plain data parallelism among them (the baseline to beat).
     python scripts/plan.py --config configs/flux_4608.yaml --seq-len 4608 --global-batch 8 --world 8   # one GPU
     python scripts/plan.py --global-batch 2 --world 2 --builds eager          # no GPU: the tiny model on the CPU
     python scripts/plan.py ... --dry-run                                     # the plans and why some are left out
+    python scripts/plan.py --cells "4608:1:1 4608:8:8 65536:1:8" --output map   # cells S:B:W in one process, + map
     python scripts/plan.py --map runs/plan_map/map       # the decision map of the cells under it: map.md, map.png
 
 Each plan runs in this process as rank 0 of its W-rank job over torch's fake process group (the real code with a
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=None, help="tokens a sample, image + text (default: the config's)")
     p.add_argument("--global-batch", type=int, help="samples an optimizer step, over all GPUs (required)")
     p.add_argument("--world", type=int, help="GPUs (W) (required)")
+    p.add_argument("--cells", default=None, metavar="S:B:W ...", help="several cells (sequence length, global "
+                   "batch, GPUs), space-separated, run one after another in this process (imports and the CUDA "
+                   "context once): each into <output>/S<S>-B<B>-W<W>/, then the decision map of them all")
     p.add_argument("--builds", default="eager", help="eager and/or graph, comma-separated (graph: compiled per block, "
                    "the step replayed from one CUDA graph; GPU only; each compiles for ~30-60 s). Default: eager (a "
                    "cell of ~30 plans in ~3 minutes of an H100)")
@@ -58,20 +62,25 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.map is not None:
         return _map(a.map)
-    if a.global_batch is None or a.world is None:
-        p.error("--global-batch and --world are required (or --map DIR)")
+    if a.cells is None and (a.global_batch is None or a.world is None):
+        p.error("--global-batch and --world are required (or --cells S:B:W ..., or --map DIR)")
+    if a.cells is not None and (a.global_batch or a.world or a.seq_len):
+        p.error("--cells names each cell's S, B and W: drop --seq-len, --global-batch and --world")
 
     import torch
     from rich.console import Console
 
-    from flux_cp.plan.plans import CP_KINDS, WEIGHTS, enumerate_plans, to_sweep
+    from flux_cp.plan.plans import CP_KINDS, WEIGHTS, enumerate_plans
     from flux_cp.predict import links
 
     console = Console(stderr=True)
     cuda = torch.cuda.is_available()
     try:
-        if a.world < 1 or a.global_batch < 1:
+        if a.cells is None and (a.world < 1 or a.global_batch < 1):
             raise ConfigError(f"--world {a.world} --global-batch {a.global_batch}: both must be >= 1")
+        cells = _cells(a.cells) if a.cells is not None else [(a.seq_len, a.global_batch, a.world)]
+        if a.only and len(cells) > 1:
+            raise ConfigError("--only names the plans of one cell: use it without --cells")
         builds = tuple(a.builds.split(","))
         if bad := [b for b in builds if b not in ("eager", "graph")]:
             raise ConfigError(f"--builds {a.builds}: {', '.join(bad)} unknown (eager, graph)")
@@ -85,16 +94,43 @@ def main(argv: list[str] | None = None) -> int:
         base = (["--config", a.config] if a.config else []) + ["--steps", str(a.steps), "--warmup-steps",
                                                                str(a.warmup_steps), "--wandb-mode", "disabled"]
         cfg = parse_config(base, cuda_available=cuda)
-        seq_len = a.seq_len or cfg.data.seq_len
         mem = a.memory_gib if a.memory_gib is not None else (
             torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None)
         link = links.load_any(a.link)
-        plans = enumerate_plans(cfg, seq_len, a.global_batch, a.world, builds=builds, cps=cps, weights=weights,
-                                memory_gib_limit=mem, on_gpu=cuda)
+        cells = [(S or cfg.data.seq_len, B, W) for S, B, W in cells]
+        # every cell's plans before any runs: a bad cell is refused before the first plan's minutes go
+        planned = [(S, B, W, enumerate_plans(cfg, S, B, W, builds=builds, cps=cps, weights=weights,
+                                             memory_gib_limit=mem, on_gpu=cuda)) for S, B, W in cells]
     except ConfigError as e:
         print(f"plan.py: error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    cell = f"S{seq_len}-B{a.global_batch}-W{a.world}"
+    if a.cells is None:
+        S, B, W, plans = planned[0]
+        return _cell(a, plans, f"S{S}-B{B}-W{W}", a.output, base, link, mem, cfg, cuda, console)
+    root = a.output or Path("plans") / f"map-{time.strftime('%Y%m%d-%H%M%S')}"
+    rc = 0
+    for S, B, W, plans in planned:
+        cell = f"S{S}-B{B}-W{W}"
+        rc = _cell(a, plans, cell, root / cell, base, link, mem, cfg, cuda, console) or rc
+    return (_map(root) if not a.dry_run else 0) or rc
+
+
+def _cells(text: str) -> list[tuple[int, int, int]]:
+    out = []
+    for c in text.split():
+        parts = c.split(":")
+        if len(parts) != 3 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            raise ConfigError(f"--cells {c}: each cell is S:B:W, three positive integers (e.g. 4608:8:8)")
+        out.append(tuple(int(x) for x in parts))
+    if not out:
+        raise ConfigError("--cells: give at least one S:B:W")
+    return out
+
+
+def _cell(a, plans, cell: str, out: Path | None, base, link, mem, cfg, cuda: bool, console) -> int:
+    """One cell: what is left out and why, then its plans run in this process and ranked into out/plan.json."""
+    from flux_cp.plan.plans import to_sweep
+
     if a.only:
         only = set(a.only.split(","))
         if unknown := only - {q.name for q in plans}:
@@ -105,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             if q.pruned is None and q.name not in only:
                 q.pruned = "not in --only"
     kept = [q for q in plans if q.pruned is None]
+    console.rule(cell)
     console.print(f"plan {cell}: {len(plans)} plans, {len(kept)} to run ({'GPU' if cuda else 'CPU: the tiny model'}"
                   f"{f', {mem:.0f} GiB a GPU' if mem else ''})", highlight=False)
     reasons: dict[str, list[str]] = {}
@@ -117,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         for q in kept:
             print(f"{q.name}: ~{q.memory_gib:.1f} GiB a rank estimated")
         return 0
-    out = a.output or Path("plans") / f"{cell}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = out or Path("plans") / f"{cell}-{time.strftime('%Y%m%d-%H%M%S')}"
     sweep = to_sweep(plans, base, out, name=f"plan-{cell}", steps=a.steps + a.warmup_steps)
     rc = _run(sweep, console)
     return _finish(plans, out, link, mem, cfg, cell, console) or rc

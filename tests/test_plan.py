@@ -76,13 +76,26 @@ def test_plan_ranks_the_plans_it_ran_by_time_per_global_batch(tmp_path):
     assert all("tokens_per_s_per_gpu" in p and "mfu" in p for p in cell["plans"][:2])
 
 
-@pytest.mark.parametrize("args", [["--global-batch", "0", "--world", "2"], ["--global-batch", "2", "--world", "2",
-                                                                           "--cp", "ring"]])
+@pytest.mark.parametrize("args", [["--global-batch", "0", "--world", "2"],
+                                  ["--global-batch", "2", "--world", "2", "--cp", "ring"],
+                                  ["--cells", "144:2:2 144:2"], ["--cells", "144:2:2", "--world", "2"],
+                                  ["--cells", "144:2:2 144:1:2", "--only", "dp2-ddp-eager"]])
 def test_bad_input_is_one_line(args, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), *args, "--output", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("plan.py: error:")
     assert not (tmp_path / "o").exists()
+
+
+def test_cells_run_in_one_process_each_into_its_folder_then_the_map(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), "--cells", "144:1:1 144:2:2", "--cp",
+                        "none", "--weights", "ddp", "--steps", "2", "--warmup-steps", "1", "--output", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for cell, plan in (("S144-B1-W1", "dp1-ddp-eager"), ("S144-B2-W2", "dp2-ddp-eager")):
+        d = json.loads((tmp_path / cell / "plan.json").read_text())
+        assert d["cell"] == cell and d["summary"]["best"]["plan"] == plan
+    assert [row["cell"] for row in json.loads((tmp_path / "map.json").read_text())] == ["S144-B1-W1", "S144-B2-W2"]
 
 
 def test_a_global_batch_over_data_parallel_groups_trains_as_one_process(single_process, tmp_path):
