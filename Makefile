@@ -7,10 +7,11 @@ BIN = $(VENV)/bin
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -qq --upgrade pip
-	# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build. A wheel already on disk
-	# (pip's find-links) first, without asking any index; else PyTorch's CPU index.
-	$(BIN)/pip install -qq --no-index "torch==2.13.0" 2>/dev/null || \
-		$(BIN)/pip install -qq "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+	# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build. The wheel alone (--no-deps):
+	# one already on disk (pip's find-links) without asking any index, else PyTorch's CPU index; its dependencies
+	# come with the project's below, from the usual indexes (torch in place, no CUDA build is pulled).
+	$(BIN)/pip install -qq --no-index --no-deps "torch==2.13.0" 2>/dev/null || \
+		$(BIN)/pip install -qq --no-deps "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 
 # the project and its dependencies, again whenever pyproject.toml changes (an older .venv gets what is new)
 $(VENV)/.installed: $(BIN)/python pyproject.toml
