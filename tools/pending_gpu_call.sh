@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One device call (2026-12-05, afternoon): the GPU tests of the code that changed, the contention micro-benchmark,
-# Flux.1's own depth, the decision map's cells, the host axis. Each part time-boxed, most valuable first; $OUT/all.tgz
-# holds everything (a partial.tgz is kept fresh in case the call is cut).
-#   OUT=/some/dir docs/results/2026-12-05-h200-session/call.sh
+# What is built and not yet run on a GPU (2026-12-05: every start refused), in one device call, most valuable first,
+# each part time-boxed: the GPU tests of the code that changed (the step's micro-batches, the bare loop's idle probe,
+# --contention), the contention micro-benchmark, the decision map's 4608-token cells, Flux.1's own depth, the host
+# axis, the 16384-token cells. $OUT/all.tgz holds everything (partial.tgz is kept fresh in case the call is cut).
+#   OUT=/some/dir tools/pending_gpu_call.sh
 set -u
 export WANDB_SILENT=true PYTHONUNBUFFERED=1
 log() { echo "== $(date -u +%FT%TZ) $*"; }
