@@ -289,6 +289,34 @@ def test_no_regime_reproduces_the_verdict_names_the_closest(tmp_path):
     assert "no regime reproduces the 1.66x; this one is the closest at W=2" in recon
 
 
+def test_a_regime_on_two_gpu_kinds_says_what_holds_and_what_differs(tmp_path):
+    """Issue 40's case: the same regime (the ring at world size 1 as W=1, batch 1) on an H200 lease, where W=2 gives
+    1.60x and W=8 little more, and on an H100 lease, where W=2 gives 1.41x: report.json pairs the two devices, the
+    verdict holds on neither pair as one, and report.md says which device reproduces and which does not."""
+    for dev, w1 in (("NVIDIA H200", 1.60), ("NVIDIA H100 80GB HBM3", 1.41)):
+        tag = dev.split()[1]
+        runs = {W: summary(SIM[W], f"ring-w{W}-{tag}", ms, sdpa_kernel="flash") for W, ms in ((2, 75.0), (8, 70.0))}
+        for d in runs.values():
+            d["env"]["device"] = dev
+            put(tmp_path, d["run_name"], d)
+        base = summary(RING_W1, f"w1-ring-{tag}", w1 * predicted(runs[2], 2).predicted_ms, sdpa_kernel="flash")
+        base["env"]["device"] = dev
+        put(tmp_path, base["run_name"], base)
+    report = build(tmp_path, link=LINK)
+    paths = write_report(report, tmp_path / "report")
+    md = paths["md"].read_text()
+    j = json.loads((tmp_path / "report" / "report.json").read_text())
+    (a,) = j["regime_across_devices"]
+    by = {r["device"]: r for r in a["devices"]}
+    assert set(by) == {"NVIDIA H200", "NVIDIA H100 80GB HBM3"} and not a["holds"]
+    assert by["NVIDIA H100 80GB HBM3"]["speedups"]["2"] == pytest.approx(1.41)
+    assert by["NVIDIA H200"]["speedups"]["2"] == pytest.approx(1.60)
+    assert by["NVIDIA H200"]["verdict"] != by["NVIDIA H100 80GB HBM3"]["verdict"]
+    assert "### Across GPU kinds" in md and "H100 80GB HBM3: does not reproduce (W=2 1.41x)" in md
+    assert f"- **1. differs** (" in md and "H200: reproduces" in md
+    assert_narrow(md, paths["html"].read_text())
+
+
 def test_a_bare_loop_names_host_bound_time_only_where_it_records_it(tmp_path):
     """Issue 40: a bare loop that records no device busy time says "host-bound share not recorded" (never files host
     time as compute); one whose summaries carry device_busy_ms has its host-bound time named host-bound."""
@@ -345,6 +373,7 @@ def test_a_baseline_of_another_kernel_says_so(built):
 
 
 def test_markdown_figure_and_cli(built, capsys):
+    assert built["json"]["regime_across_devices"] == [] and "Across GPU kinds" not in built["md"]  # one device
     md, out = built["md"], built["root"] / "report"
     assert "## Regimes: which W=1 baseline and which work per step give 1.66x" in md
     assert "## Reconciling the 1.66x" in md

@@ -366,6 +366,7 @@ class Report:
             "regime_summary": (self.regimes or {}).get("summary", {}),
             "regime_unpaired": (self.regimes or {}).get("unpaired", []),
             "regime_notes": (self.regimes or {}).get("notes", []),
+            "regime_across_devices": (self.regimes or {}).get("across_devices", []),
             "levers": (self.levers or {}).get("rows", []),
             "lever_notes": (self.levers or {}).get("notes", []),
             "plans": self.plans or [],

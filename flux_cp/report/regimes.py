@@ -20,6 +20,7 @@ from flux_cp.config import CONFIG_DIR, RUN_GROUPS
 from flux_cp.predict.links import for_world
 
 from .analysis import analyse_row
+from .devices import across_devices
 from .reconcile import RING, USER_SPEEDUP, WATERFALL, _waterfall, baseline_kind, kernel, labels, split
 from .runs import BOOKKEEPING, Run, _first_line, harness, strategy_label
 
@@ -315,7 +316,8 @@ def regimes(report) -> dict:
             s["best"] = best_of(alternatives[rid])
     # "_rows" (each run's analysis) and "_alternatives" are for the report's other sections, not report.json
     return {"cells": cells, "summary": summary, "unpaired": unpaired, "notes": notes, "headline": head,
-            "headline_kind": why, "_rows": rows, "_alternatives": alternatives}
+            "headline_kind": why, "across_devices": across_devices(summary), "_rows": rows,
+            "_alternatives": alternatives}
 
 
 def headline_regime(summary: dict) -> tuple[str | None, str]:

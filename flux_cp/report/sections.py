@@ -8,6 +8,7 @@ from pathlib import Path
 from flux_cp.predict.links import name_of
 
 from .analysis import Report
+from .devices import across_devices_md
 from .host_axis import host_axis_md
 from .reconcile import WATERFALL, labels
 from .regimes import BEYOND, RING, TOLERANCE, USER_RUN, USER_SEQ, USER_SPEEDUP
@@ -94,7 +95,8 @@ def regimes_md(report: Report, figs: list[Path]) -> list[str]:
             out.append(f"- **{i}. {s['verdict']}** ({rid}): {s['reason']}. Mechanism: {s['mechanism']}.{extra}")
             if s.get("best") is not None:
                 out.append(f"  - **What to run in regime {i}**: {best_line(s)}")
-        out += [""] + [f"![{p.stem}]({p.name})" for p in figs] + [""] + host_axis_md(report)
+        out += [""] + [f"![{p.stem}]({p.name})" for p in figs] + [""] + across_devices_md(reg.get("across_devices"))
+        out += host_axis_md(report)
     if reg.get("unpaired"):
         out += ["W >= 2 runs of the user's configuration with no W=1 baseline of their settings: " + ", ".join(
             f"{u['run']} (W={u['W']}, batch {u['batch']}, depth {u['depth']}, {u['compile']}, {u['lightning_sync']})"
