@@ -313,7 +313,7 @@ def test_a_regime_on_two_gpu_kinds_says_what_holds_and_what_differs(tmp_path):
     assert by["NVIDIA H200"]["speedups"]["2"] == pytest.approx(1.60)
     assert by["NVIDIA H200"]["verdict"] != by["NVIDIA H100 80GB HBM3"]["verdict"]
     assert "### Across GPU kinds" in md and "H100 80GB HBM3: does not reproduce (W=2 1.41x)" in md
-    assert f"- **1. differs** (" in md and "H200: reproduces" in md
+    assert "- **1. differs** (" in md and "H200: reproduces" in md
     assert_narrow(md, paths["html"].read_text())
 
 
