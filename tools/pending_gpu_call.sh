@@ -29,6 +29,6 @@ log "host axis"
 timeout ${HOST_AXIS_S:-110} python3 scripts/sweep.py configs/suites/flux_host_axis.yaml --output-root "$OUT/suites" --in-process 2>&1 \
   | grep -v "^sweep ━" | tail -6
 log "map cells, 16384 tokens"
-OUT=$OUT CELLS="16384:1:1 16384:1:8 16384:8:8" tools/plan_map.sh $A --steps 5 --warmup-steps 2 2>&1 | grep "^== \|^best\|rror"
+OUT=$OUT CELLS="16384:1:1 16384:1:8 16384:8:8" timeout ${MAP16K_S:-60} tools/plan_map.sh $A --steps 5 --warmup-steps 2 2>&1 | grep "^== \|^best\|rror"
 kill $saver; tar czf "$OUT/all.tgz" -C "$OUT" --exclude='*.tgz' --exclude=wandb --exclude='*.pt' . && rm -f "$OUT/partial.tgz"
 log done
