@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cp", default=None, help="strategies within a group, comma-separated (default: all that apply)")
     p.add_argument("--weights", default="ddp,zero2,fsdp", help="weights modes, comma-separated")
     p.add_argument("--only", default=None, metavar="PLAN,...", help="run only these plans (names as the table "
-                   "gives them, e.g. dp8-zero2-eager); the others are listed as left out")
+                   "gives them, e.g. dp8-zero2-eager; with --cells, each cell runs those it has); the others are listed as left out")
     p.add_argument("--memory-gib", type=float, default=None,
                    help="a GPU's memory (default: this GPU's; none on the CPU): plans estimated above it are pruned")
     p.add_argument("--link", default="h200-nvlink4", help="link profile the collectives are priced with")
@@ -79,8 +79,6 @@ def main(argv: list[str] | None = None) -> int:
         if a.cells is None and (a.world < 1 or a.global_batch < 1):
             raise ConfigError(f"--world {a.world} --global-batch {a.global_batch}: both must be >= 1")
         cells = _cells(a.cells) if a.cells is not None else [(a.seq_len, a.global_batch, a.world)]
-        if a.only and len(cells) > 1:
-            raise ConfigError("--only names the plans of one cell: use it without --cells")
         builds = tuple(a.builds.split(","))
         if bad := [b for b in builds if b not in ("eager", "graph")]:
             raise ConfigError(f"--builds {a.builds}: {', '.join(bad)} unknown (eager, graph)")
@@ -101,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         # every cell's plans before any runs: a bad cell is refused before the first plan's minutes go
         planned = [(S, B, W, enumerate_plans(cfg, S, B, W, builds=builds, cps=cps, weights=weights,
                                              memory_gib_limit=mem, on_gpu=cuda)) for S, B, W in cells]
+        # --only over --cells: each cell runs the named plans it has; a name no cell has is refused up front
+        if a.only and (unknown := set(a.only.split(",")) - {q.name for *_, ps in planned for q in ps}):
+            where = f"S{cells[0][0]}-B{cells[0][1]}-W{cells[0][2]}" if len(cells) == 1 else "any cell"
+            raise ConfigError(f"--only {', '.join(sorted(unknown))}: no such plan in {where} (--dry-run lists them)")
     except ConfigError as e:
         print(f"plan.py: error: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -133,10 +135,6 @@ def _cell(a, plans, cell: str, out: Path | None, base, link, mem, cfg, cuda: boo
 
     if a.only:
         only = set(a.only.split(","))
-        if unknown := only - {q.name for q in plans}:
-            print(f"plan.py: error: --only {', '.join(sorted(unknown))}: no such plan in {cell} (--dry-run lists them)",
-                  file=sys.stderr)
-            return EXIT_CONFIG
         for q in plans:
             if q.pruned is None and q.name not in only:
                 q.pruned = "not in --only"
