@@ -87,12 +87,13 @@ def test_simulated_ledger_equals_real_rank_0(pairs, name):
 
 
 def test_simulated_run_says_so(pairs):
-    """summary.json, its validation and the wandb run: simulated, W and the rank; no losses to compare."""
+    """summary.json, its validation and the wandb run: simulated, W and the rank; no job losses to compare (the
+    rank's own, rank_loss, only for A/B checks of one configuration)."""
     d, real = _summary(pairs["ulysses-zero-splitcond"]["sim"]), _summary(pairs["ulysses-zero-splitcond"]["real"])
     assert validate(d) == [] and validate(real) == []
     assert (d["collectives"], d["simulate"], d["world_size"]) == ("fake", {"world": 2, "rank": 0}, 2)
     assert (real["collectives"], real["simulate"]) == ("real", None)
-    assert d["loss"] is None and len(real["loss"]) == 2
+    assert d["loss"] is None and len(real["loss"]) == 2 and len(d["rank_loss"]) == 2 and "rank_loss" not in real
     assert d["run_name"].startswith("train-W2sim-ulysses-zero-splitcond")
     assert d["optimizer_params"] == real["optimizer_params"] < d["params"]  # rank 0's own ZeRO share
     (log,) = (pairs["ulysses-zero-splitcond"]["sim"] / "wandb").glob("offline-run-*/run-*.wandb")

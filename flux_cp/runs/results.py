@@ -368,6 +368,8 @@ class RunSummary:
         # a simulated rank's values went through collectives that moved nothing: its losses mean nothing
         loss = None if self.header.get("collectives") == "fake" else self.loss
         d = {"schema": SCHEMA, **self.header, "metrics": self.metrics(), "loss": loss, "complete": complete}
+        if loss is None:  # the rank's own values, for A/B checks of one configuration (e.g. --contention on and off)
+            d["rank_loss"] = self.loss
         derived = self.derived()
         if "device_idle_frac" in derived:
             d["idle"] = {"device_idle_frac": derived["device_idle_frac"], "source": "events"}
