@@ -90,6 +90,9 @@ def fit(d: dict, extra_ms: float = 0.0) -> tuple[HostModel | None, str | None]:
                       "--idle-probe-every > 0 records both)")
     holds = d.get("probe_hold_ms") or []
     stalled = bool(holds) and issue >= STALL * statistics.median(holds)
+    if stalled and issue > step:  # H holds waits on the device: r = S - H < 0 and max(D, H h) + r means nothing
+        return None, (f"host issue {issue:.3g} ms over a {step:.3g} ms step: the idle probe's host waited on the "
+                      "device, its own time is not separable (only measured hosts count)")
     return HostModel(step, busy, issue, host_us(d), extra_ms, stalled), None
 
 
