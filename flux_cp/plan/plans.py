@@ -24,9 +24,13 @@ WEIGHTS = ("ddp", "zero2", "fsdp")
 BUILDS = {"eager": {}, "graph": {"compile": True, "step_graph": True}}
 GRAPH_WARMUP = 12  # the step graph captures at the last warm-up step, after compiling (checks._check_step_graph)
 # Activation bytes a token keeps per block for the backward, in units of hidden x the parameter dtype's size: fitted
-# on one measurement (the 2 + 4-block Flux config at 4608 tokens, batch 1, eager bf16: 11.1 GiB peak on an H200, of
-# which the weights, gradients and AdamW state are 9.7): only for pruning; the ranked table shows measured peaks.
-ACTIVATION_PER_TOKEN = 9.0
+# on Flux.1's depth (19 + 38 blocks, 4608 tokens, batch 1, FSDP over 8, bf16: 40.2 GiB peak on an H100, of which the
+# sharded weights, gradients and AdamW state are 11.1; the 2 + 4-block fit gave 9.0 and let ZeRO-2 plans run out of
+# memory at that depth). Against the 2 + 4 blocks' measured peaks (H100, 2026-12-05b): 55.8 vs 56.0 GiB at 65536
+# tokens, 17.6 / 10.9 vs 16.4 / 12.2 (Ulysses x 8, DDP / ZeRO-2), 24.4 / 17.7 vs 24.0 / 19.7 (B = 32, W = 8, DDP /
+# ZeRO-2). Only for pruning; the ranked table shows measured peaks.
+ACTIVATION_PER_TOKEN = 19.4
+HEADROOM = 0.95  # of the device's memory a plan may fill: the CUDA context and the allocator's fragmentation
 BYTES = {"bf16-true": 2, "32-true": 4, "64-true": 8}
 
 
@@ -80,7 +84,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     elif plan.weights == "ddp":
         weights = 5 * b * n  # + DDP's gradient buckets
     elif plan.weights == "zero2":
-        weights = b * n + 3 * b * n / W  # parameters whole; gradients and moments of its 1/W
+        weights = 2 * b * n + 2 * b * n / W  # parameters and their gradient buckets whole; moments of its 1/W
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
         weights = 4 * b * n / W
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
@@ -123,8 +127,8 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
                     p.pruned, resolved = _check(cfg, p.settings, on_gpu)
                     if p.pruned is None:
                         p.memory_gib = memory_gib(resolved, params, p)
-                        if memory_gib_limit is not None and p.memory_gib > memory_gib_limit:
-                            _accumulate(cfg, p, params, resolved.data.batch_size, memory_gib_limit, on_gpu)
+                        if memory_gib_limit is not None and p.memory_gib > HEADROOM * memory_gib_limit:
+                            _accumulate(cfg, p, params, resolved.data.batch_size, HEADROOM * memory_gib_limit, on_gpu)
                     out.append(p)
     return out
 
@@ -140,7 +144,8 @@ def _accumulate(cfg: BenchConfig, p: Plan, params: int, batch: int, limit: float
         if (gib := memory_gib(resolved, params, p)) <= limit:
             p.settings, p.accumulate, p.memory_gib = settings, k, gib
             return
-    p.pruned = f"does not fit: ~{p.memory_gib:.0f} GiB a rank estimated, the device has {limit:g}"
+    p.pruned = (f"does not fit: ~{p.memory_gib:.0f} GiB a rank estimated, {limit:.1f} GiB usable ({HEADROOM:.0%} of "
+                "the device's)")
     if batch > 1:
         p.pruned += " (in micro-batches too)" if why is None else " (the step graph takes no gradient accumulation)"
 
