@@ -39,18 +39,23 @@ def test_tp_trains_like_one_process(single_process, tmp_path, devices, harness, 
     assert {k: v.shape for k, v in got["params"].items()} == {k: v.shape for k, v in ref.items()}
 
 
-@pytest.mark.parametrize("harness", ["bare"])  # the Lightning module shards alike (configure_model: w2-lightning)
-def test_tp_groups_with_data_parallelism_across_them_train_like_one_process(single_process, tmp_path, harness):
-    """dp x tp: 4 ranks as 2 TP groups of 2, each group its own sample (global batch 2). The ranks holding the same
-    shard sum its gradient (one all-reduce a shard); DDP averages the replicated weights over all 4. 10 steps of the
-    one-process model at batch 2, fp64."""
-    got = exact_run(tmp_path, "--devices", 4, "--cp", "tp", "--cp-degree", 2, "--data.global_batch", 2,
-                    "--harness", harness)
+# the Lightning module shards alike (configure_model: w2-lightning)
+@pytest.mark.parametrize(("harness", "micro"), [("bare", 1), ("bare", 2)])
+def test_tp_groups_with_data_parallelism_across_them_train_like_one_process(single_process, tmp_path, harness, micro):
+    """dp x tp: 4 ranks as 2 TP groups of 2, each group its own samples (global batch 2 x micro, in `micro`
+    micro-batches). The ranks holding the same shard sum its gradient (one all-reduce a shard and step, whatever
+    the micro-batches); DDP averages the replicated weights over all 4. 10 steps of the one-process model, fp64."""
+    got = exact_run(tmp_path, "--devices", 4, "--cp", "tp", "--cp-degree", 2, "--data.global_batch", 2 * micro,
+                    "--micro-batches", micro, "--harness", harness)
     d = got["summary"]
-    assert (d["dp"], d["cp_degree"], d["config"]["data"]["batch_size"]) == (2, 2, 1)
-    assert_exact(got, single_process(2), rtol=1e-12)
+    assert (d["dp"], d["cp_degree"], d["config"]["data"]["batch_size"]) == (2, 2, micro)
+    assert_exact(got, single_process(2 * micro), rtol=1e-12)
     sent = d["comm"]["per_step"]
-    assert sent["all_gather"]["count"] == sent["reduce_scatter"]["count"] == PER_STEP  # within the TP group
+    assert sent["all_gather"]["count"] == sent["reduce_scatter"]["count"] == PER_STEP * micro  # within the TP group
+    # every gradient synced once a step: the rank's own parameters (its shards and the replicated ones), fp64, and
+    # kilobytes of the AdaLN outputs' adjoint within the TP group each micro-batch (0.2%); a sync in every
+    # micro-batch's backward would send 1.9x
+    assert d["params"] * 8 <= sent["all_reduce"]["bytes"] < 1.01 * d["params"] * 8, sent["all_reduce"]
 
 
 def test_a_simulated_tp_rank_issues_a_real_ranks_collectives(tmp_path):

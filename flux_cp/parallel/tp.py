@@ -21,7 +21,9 @@ every rank's tokens (through the all-gather) with every rank's loss (through the
 gradient is that of the sum of the W local losses, so it is divided by W (a hook) to be the mean loss's; a
 replicated weight's gradient is its rank's share of that sum, which DDP's average turns into the mean's. With dp
 data-parallel groups (--cp-degree below the world), each group's sum is divided by all dp x W ranks and the ranks
-holding the same shard in the dp groups all-reduce it (a second hook): the global mean loss's gradient.
+holding the same shard in the dp groups all-reduce it (a second hook, after the gradient is accumulated, skipped
+inside `dp_sync_off()`: with --micro-batches k the sum of the k micro-batches' gradients is all-reduced once, in the
+last backward): the global mean loss's gradient.
 
 Token order: a double block gathers its image and its text stream separately (each in order: [text, image] is then
 Flux's order, the full RoPE table); a single block gathers its joint [text_r, image_r] shards in rank order (one
@@ -32,6 +34,7 @@ attention is indifferent to the order of its tokens, given each token's own angl
     apply_tp(model, strategy, timer, rope)    # the forwards (after apply_cp); rope: (full, rank-order) tables
 """
 
+import contextlib
 import functools
 
 import torch
@@ -206,14 +209,28 @@ def shard_model(model, rank: int, world: int, group, dp_group=None, dp: int = 1)
     for _, p in sharded:  # the gradient of the W local losses' sum -> of their mean (module docstring)
         p.register_hook(functools.partial(torch.div, other=world * dp))
         if dp > 1:  # each TP group's share of the global mean loss's gradient, summed over the groups
-            p.register_hook(functools.partial(_sum_over, group=dp_group))
+            p.register_post_accumulate_grad_hook(functools.partial(_sum_over, group=dp_group))
     return [n for n, _ in sharded]
 
 
-def _sum_over(g: torch.Tensor, group) -> torch.Tensor:
-    g = g.contiguous()
-    dist.all_reduce(g, group=group)  # blocking, in backward order: every rank issues the same sequence
-    return g
+_DP_SYNC = [True]  # off inside dp_sync_off(): the earlier micro-batches' backwards
+
+
+@contextlib.contextmanager
+def dp_sync_off():
+    """A backward whose sharded gradients stay on the rank (DDP's no_sync for the TP-sharded weights): they are
+    summed into .grad, and the last micro-batch's backward all-reduces the sum once, not k times."""
+    _DP_SYNC[0] = False
+    try:
+        yield
+    finally:
+        _DP_SYNC[0] = True
+
+
+def _sum_over(p: torch.Tensor, group) -> None:
+    # After accumulation (a post-accumulate hook): p.grad holds every micro-batch's gradient so far
+    if _DP_SYNC[0]:
+        dist.all_reduce(p.grad, group=group)  # blocking, in backward order: every rank issues the same sequence
 
 
 def full_tensor(t: torch.Tensor, meta: dict) -> torch.Tensor:

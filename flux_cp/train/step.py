@@ -25,7 +25,7 @@ from flux_cp.model import FluxDiT, image_ids, text_ids
 from flux_cp.parallel import contention
 from flux_cp.parallel.cp import apply_cp, shard, split_conditioning
 from flux_cp.parallel.registry import make_strategy
-from flux_cp.parallel.tp import apply_tp, rope_tables
+from flux_cp.parallel.tp import apply_tp, dp_sync_off, rope_tables
 from flux_cp.parallel.ulysses_overlap import overlap_single_blocks
 from flux_cp.train.step_graph import StepGraph
 
@@ -178,13 +178,13 @@ class FluxStep:
 
     def _sync_off(self, model, opt) -> contextlib.ExitStack:
         """A backward whose gradients stay on the rank, summed into the next micro-batch's (all but a step's last):
-        DDP's no_sync (the forward's wrapper, or the harness's), FSDP2's gradient sync off, ZeRO-2's no_sync. (--cp
-        tp's sharded weights at dp > 1 all-reduce in every micro-batch's backward, their own hooks: right, k x the
-        bytes.)"""
+        DDP's no_sync (the forward's wrapper, or the harness's), FSDP2's gradient sync off, ZeRO-2's no_sync, the
+        TP-sharded weights' own dp all-reduce off (--cp tp at dp > 1)."""
         from torch.distributed.fsdp import FSDPModule
         from torch.nn.parallel import DistributedDataParallel
 
         stack = contextlib.ExitStack()
+        stack.enter_context(dp_sync_off())
         inner = getattr(opt, "optimizer", opt)  # Lightning's optimizer wraps a copy; ZeRO-2's hooks hold this one
         if hasattr(inner, "no_sync"):
             stack.enter_context(inner.no_sync())
