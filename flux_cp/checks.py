@@ -369,6 +369,9 @@ def _resolve_ops(cfg: BenchConfig) -> BenchConfig:
                           "all-to-alls; the op bench has no TP of its own (use --cp ulysses with --ops-only)")
     if run.graph and run.accelerator != "gpu":
         raise ConfigError("--graph: CUDA graphs need a GPU (drop --graph, or use --accelerator gpu)")
+    if run.micro_batches != 1:
+        raise ConfigError(f"--micro-batches {run.micro_batches}: the op bench times single calls at --data.batch_size "
+                          "(set the batch there, and drop --micro-batches or --ops-only)")
     if run.reps is not None and run.reps < 1:
         raise ConfigError(f"--reps {run.reps}: must be >= 1")
     for w in run.simulate_world or [run.devices]:

@@ -182,6 +182,7 @@ BAD = [
     (["--interleave-bare", 2, "--harness", "bare"], "--interleave-bare 2: a bare twin inside a Lightning run"),
     (["--harness", "bare", "--profile", "true"], "--profile True: a setting of the Lightning harness"),
     (["--harness", "bare", "--ops-only"], "--harness bare: the op bench has no harness"),
+    (["--ops-only", "--micro-batches", 2], "--micro-batches 2: the op bench times single calls at --data.batch_size"),
     (["--step-graph", "true"], "--step-graph: CUDA graphs need a GPU (drop --step-graph on CPU)"),
     (["--ops-only", "--seq-lens", 10], "--seq-lens 10: shorter than the text tokens (data.text_tokens 48)"),
 ]
