@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                    "the step replayed from one CUDA graph; GPU only; each compiles for ~30-60 s). Default: eager (a "
                    "cell of ~30 plans in ~3 minutes of an H100)")
     p.add_argument("--cp", default=None, help="strategies within a group, comma-separated (default: all that apply)")
-    p.add_argument("--weights", default="ddp,zero2,fsdp", help="weights modes, comma-separated")
+    p.add_argument("--weights", default="ddp,zero2,zero2f,fsdp", help="weights modes, comma-separated (zero2f: ZeRO-2 "
+                   "gathering its parameters under the next forward)")
     p.add_argument("--only", default=None, metavar="PLAN,...", help="run only these plans (names as the table "
                    "gives them, e.g. dp8-zero2-eager; with --cells, each cell runs those it has); the others are listed as left out")
     p.add_argument("--memory-gib", type=float, default=None,

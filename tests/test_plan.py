@@ -24,10 +24,14 @@ def test_every_plan_that_divides_and_why_the_others_do_not():
     kept = {p.name for p in plans if p.pruned is None}
     # dp x cp of 4 with B = 2: dp 4 cannot split 2 samples; cp 4 and cp 2 (dp 2) can; torch's ring needs a GPU
     assert kept == {f"dp{dp}x{cp}{c}-{w}-eager" for dp, c in ((1, 4), (2, 2)) for cp in ("allgather-kv", "ulysses")
-                    for w in ("ddp", "zero2", "fsdp")} | {"dp1xtp4-ddp-eager", "dp2xtp2-ddp-eager"}
+                    for w in ("ddp", "zero2", "zero2f", "fsdp")} | {"dp1xtp4-ddp-eager", "dp2xtp2-ddp-eager"}
     why = {p.name: p.pruned for p in plans if p.pruned}
-    assert all("--data.global_batch 2" in why[f"dp4-{w}-eager"] for w in ("ddp", "zero2", "fsdp"))
+    assert all("--data.global_batch 2" in why[f"dp4-{w}-eager"] for w in ("ddp", "zero2", "zero2f", "fsdp"))
     assert "--weights zero2 does not combine" in why["dp1xtp4-zero2-eager"]
+    assert "--weights zero2 does not combine" in why["dp1xtp4-zero2f-eager"]
+    # zero2f: ZeRO-2 with its gathers under the next forward
+    (f,) = [p for p in plans if p.name == "dp2xulysses2-zero2f-eager"]
+    assert "--weights zero2 --zero2-gather forward" in command(f, "configs/tiny.yaml")
     assert not any(p.cp == "torch" for p in plans)  # CPU: no ring kernel to run
 
 

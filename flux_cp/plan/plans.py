@@ -6,7 +6,7 @@ W GPUs on B samples, and why each one left out is left out.
 
 A plan: W = dp x cp (dp data-parallel groups, each of cp ranks sharing its samples' tokens or weights); within a group
 `cp` in none (cp = 1: plain data parallelism, the baseline to beat), torch (ring), allgather-kv, ulysses, tp;
-weights kept in sync by ddp, zero2 or fsdp; eager, or compiled per block with the whole step replayed from one CUDA
+weights kept in sync by ddp, zero2 (zero2f: its gathers under the next forward) or fsdp; eager, or compiled per block with the whole step replayed from one CUDA
 graph (GPU). Each data-parallel group trains B / dp samples a step. A plan is pruned, with its reason, where the
 settings are refused (checks.resolve: the same one-line errors a run gives) or where its estimated peak memory
 exceeds the device's even with gradient accumulation: a plan whose B / dp samples do not fit runs them as the fewest
@@ -20,7 +20,12 @@ from flux_cp.checks import resolve, split_seq_len
 from flux_cp.config import BenchConfig, ConfigError
 
 CP_KINDS = ("none", "torch", "allgather-kv", "ulysses", "tp")
-WEIGHTS = ("ddp", "zero2", "fsdp")
+WEIGHTS = ("ddp", "zero2", "zero2f", "fsdp")
+# zero2f: ZeRO-2 with each bucket's parameter all-gather under the next step's forward (--zero2-gather forward, as
+# FSDP prefetches), not under the backward that reduced it: where a short (compiled, graphed) backward cannot hide
+# both the reduce-scatters and the gathers
+WEIGHT_SETTINGS = {"ddp": {"weights": "ddp"}, "zero2": {"weights": "zero2"},
+                   "zero2f": {"weights": "zero2", "zero2_gather": "forward"}, "fsdp": {"weights": "fsdp"}}
 BUILDS = {"eager": {}, "graph": {"compile": True, "step_graph": True}}
 GRAPH_WARMUP = 12  # the step graph captures at the last warm-up step, after compiling (checks._check_step_graph)
 # Activation bytes a token keeps per block for the backward, in units of hidden x the parameter dtype's size: fitted
@@ -83,7 +88,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         weights = 4 * b * n / plan.cp_degree
     elif plan.weights == "ddp":
         weights = 5 * b * n  # + DDP's gradient buckets
-    elif plan.weights == "zero2":
+    elif plan.weights in ("zero2", "zero2f"):
         weights = 2 * b * n + 2 * b * n / W  # parameters and their gradient buckets whole; moments of its 1/W
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
         weights = 4 * b * n / W
@@ -120,7 +125,7 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
                     continue
                 for build in builds:
                     p = Plan(world // c, c, cp, w, build)
-                    p.settings = {**cell, "cp": cp, "cp_degree": c, "weights": w, **BUILDS[build],
+                    p.settings = {**cell, "cp": cp, "cp_degree": c, **WEIGHT_SETTINGS[w], **BUILDS[build],
                                   "simulate_world": world if world > 1 else None}
                     if build == "graph":
                         p.settings["warmup_steps"] = max(GRAPH_WARMUP, cfg.run.warmup_steps)
