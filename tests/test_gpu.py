@@ -285,15 +285,16 @@ def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_
     assert {k: v["bytes"] for k, v in g.items()} == {k: v["bytes"] for k, v in e.items()}
 
 
-@pytest.mark.parametrize("compile_", ["false", "true"])
-def test_step_graph_as_a_simulated_tp_rank(tmp_path, compile_):
+@pytest.mark.parametrize(("compile_", "cp_degree"), [("false", 4), ("true", 4), ("false", 2)])
+def test_step_graph_as_a_simulated_tp_rank(tmp_path, compile_, cp_degree):
     """--cp tp (parallel/tp.py: sharded weights, the sequence all-gathered and reduce-scattered around each block's
     GEMMs, DDP over the replicated weights) as rank 0 of a 4-rank fake-group job under --step-graph, eager and compiled
-    per block by inductor: the run completes and the graph's ledger holds the eager step's bytes."""
+    per block by inductor, and as 2 TP groups of 2 (the sharded gradients' dp all-reduce, a post-accumulate hook, in
+    the capture): the run completes and the graph's ledger holds the eager step's bytes."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    args = ("--harness", "bare", "--cp", "tp", "--simulate-world", 4, "--precision", "bf16-true", "--steps", 4,
-            "--warmup-steps", 12, "--compile", compile_)
+    args = ("--harness", "bare", "--cp", "tp", "--simulate-world", 4, "--cp-degree", cp_degree, "--data.global_batch",
+            4 // cp_degree, "--precision", "bf16-true", "--steps", 4, "--warmup-steps", 12, "--compile", compile_)
     graph = _gpu_run(tmp_path / "graph", *args, "--step-graph", "true")
     eager = _gpu_run(tmp_path / "eager", *args)
     assert graph["complete"] and eager["complete"]
