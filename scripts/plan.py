@@ -141,7 +141,7 @@ def _cell(a, plans, cell: str, out: Path | None, base, link, mem, cfg, cuda: boo
                 q.pruned = "not in --only"
     kept = [q for q in plans if q.pruned is None]
     console.rule(cell)
-    console.print(f"plan {cell}: {len(plans)} plans, {len(kept)} to run ({'GPU' if cuda else 'CPU: the tiny model'}"
+    console.print(f"plan {cell}: {len(plans)} plans, {len(kept)} to run ({'GPU' if cuda else 'CPU'}: {Path(a.config).name if a.config else ('flux_4608.yaml' if cuda else 'tiny.yaml')}"
                   f"{f', {mem:.0f} GiB a GPU' if mem else ''})", highlight=False)
     reasons: dict[str, list[str]] = {}
     for q in plans:
