@@ -31,7 +31,7 @@ OUT=$OUT/graph CELLS="4608:1:1 4608:8:8" timeout ${GRAPH_S:-200} tools/plan_map.
 OUT=$OUT/graph_tp CELLS="4608:1:8" timeout ${GRAPH_TP_S:-90} tools/plan_map.sh --builds graph \
   --only dp1xtp8-ddp-graph --steps 8 --warmup-steps 12 2>&1 | grep "^== \|^best\|rror"
 log "65536 tokens, B 1"
-OUT=$OUT/long CELLS="65536:1:1 65536:1:8" timeout ${LONG_S:-80} tools/plan_map.sh --builds eager \
+[ "${LONG_S:-80}" = 0 ] || OUT=$OUT/long CELLS="65536:1:1 65536:1:8" timeout ${LONG_S:-80} tools/plan_map.sh --builds eager \
   --only dp1-ddp-eager,dp1xulysses8-zero2-eager,dp1xulysses8-ddp-eager --steps 4 --warmup-steps 2 2>&1 | grep "^== \|^best\|rror"
 log "host axis"
 [ "${HOST_AXIS_S:-150}" = 0 ] || timeout ${HOST_AXIS_S:-150} python3 scripts/sweep.py configs/suites/flux_host_axis.yaml --output-root "$OUT/suites" --in-process \
