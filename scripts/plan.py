@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="ddp,zero2,zero2f,fsdp", help="weights modes, comma-separated (zero2f: ZeRO-2 "
                    "gathering its parameters under the next forward)")
     p.add_argument("--only", default=None, metavar="PLAN,...", help="run only these plans (names as the table "
-                   "gives them, e.g. dp8-zero2-eager; with --cells, each cell runs those it has); the others are listed as left out")
+                   "gives them, e.g. dp8-zero2-eager; with --cells, each cell runs those it has); the others are "
+                   "listed as left out")
     p.add_argument("--memory-gib", type=float, default=None,
                    help="a GPU's memory (default: this GPU's; none on the CPU): plans estimated above it are pruned")
     p.add_argument("--link", default="h200-nvlink4", help="link profile the collectives are priced with")
@@ -141,7 +142,8 @@ def _cell(a, plans, cell: str, out: Path | None, base, link, mem, cfg, cuda: boo
                 q.pruned = "not in --only"
     kept = [q for q in plans if q.pruned is None]
     console.rule(cell)
-    console.print(f"plan {cell}: {len(plans)} plans, {len(kept)} to run ({'GPU' if cuda else 'CPU'}: {Path(a.config).name if a.config else ('flux_4608.yaml' if cuda else 'tiny.yaml')}"
+    config = Path(a.config).name if a.config else ("flux_4608.yaml" if cuda else "tiny.yaml")  # --config's default
+    console.print(f"plan {cell}: {len(plans)} plans, {len(kept)} to run ({'GPU' if cuda else 'CPU'}: {config}"
                   f"{f', {mem:.0f} GiB a GPU' if mem else ''})", highlight=False)
     reasons: dict[str, list[str]] = {}
     for q in plans:

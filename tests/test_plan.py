@@ -100,7 +100,8 @@ def test_bad_input_is_one_line(args, tmp_path):
 def test_cells_run_in_one_process_each_into_its_folder_then_the_map(tmp_path):
     # --only over cells: each cell runs the named plans it has
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), "--cells", "144:1:1 144:2:2", "--cp",
-                        "none", "--weights", "ddp", "--only", "dp1-ddp-eager,dp2-ddp-eager", "--steps", "2", "--warmup-steps", "1", "--output", str(tmp_path)],
+                        "none", "--weights", "ddp", "--only", "dp1-ddp-eager,dp2-ddp-eager", "--steps", "2",
+                        "--warmup-steps", "1", "--output", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     for cell, plan in (("S144-B1-W1", "dp1-ddp-eager"), ("S144-B2-W2", "dp2-ddp-eager")):

@@ -213,23 +213,24 @@ def shard_model(model, rank: int, world: int, group, dp_group=None, dp: int = 1)
     return [n for n, _ in sharded]
 
 
-_DP_SYNC = [True]  # off inside dp_sync_off(): the earlier micro-batches' backwards
+_dp_sync = True  # off inside dp_sync_off(): the earlier micro-batches' backwards
 
 
 @contextlib.contextmanager
 def dp_sync_off():
     """A backward whose sharded gradients stay on the rank (DDP's no_sync for the TP-sharded weights): they are
     summed into .grad, and the last micro-batch's backward all-reduces the sum once, not k times."""
-    _DP_SYNC[0] = False
+    global _dp_sync
+    _dp_sync = False
     try:
         yield
     finally:
-        _DP_SYNC[0] = True
+        _dp_sync = True
 
 
 def _sum_over(p: torch.Tensor, group) -> None:
     # After accumulation (a post-accumulate hook): p.grad holds every micro-batch's gradient so far
-    if _DP_SYNC[0]:
+    if _dp_sync:
         dist.all_reduce(p.grad, group=group)  # blocking, in backward order: every rank issues the same sequence
 
 

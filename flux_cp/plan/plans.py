@@ -6,11 +6,12 @@ W GPUs on B samples, and why each one left out is left out.
 
 A plan: W = dp x cp (dp data-parallel groups, each of cp ranks sharing its samples' tokens or weights); within a group
 `cp` in none (cp = 1: plain data parallelism, the baseline to beat), torch (ring), allgather-kv, ulysses, tp;
-weights kept in sync by ddp, zero2 (zero2f: its gathers under the next forward) or fsdp; eager, or compiled per block with the whole step replayed from one CUDA
-graph (GPU). Each data-parallel group trains B / dp samples a step. A plan is pruned, with its reason, where the
-settings are refused (checks.resolve: the same one-line errors a run gives) or where its estimated peak memory
-exceeds the device's even with gradient accumulation: a plan whose B / dp samples do not fit runs them as the fewest
-equal micro-batches that do (--micro-batches k, named -acc<k>; the step graph takes none).
+weights kept in sync by ddp, zero2 (zero2f: its gathers under the next forward) or fsdp; eager, or compiled per
+block with the whole step replayed from one CUDA graph (GPU). Each data-parallel group trains B / dp samples a step.
+A plan is pruned, with its reason, where the settings are refused (checks.resolve: the same one-line errors a run
+gives) or where its estimated peak memory exceeds the device's even with gradient accumulation: a plan whose B / dp
+samples do not fit runs them as the fewest equal micro-batches that do (--micro-batches k, named -acc<k>; the step
+graph takes none).
 """
 
 import copy
@@ -88,7 +89,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         weights = 4 * b * n / plan.cp_degree
     elif plan.weights == "ddp":
         weights = 5 * b * n  # + DDP's gradient buckets
-    elif plan.weights in ("zero2", "zero2f"):
+    elif WEIGHT_SETTINGS[plan.weights]["weights"] == "zero2":  # zero2f too: where it gathers, not what it keeps
         weights = 2 * b * n + 2 * b * n / W  # parameters and their gradient buckets whole; moments of its 1/W
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
         weights = 4 * b * n / W
