@@ -3,6 +3,7 @@
 import json
 import os
 import warnings
+from collections import Counter
 
 import pytest
 import torch
@@ -279,10 +280,22 @@ def test_step_graph_as_a_simulated_ulysses_zero_rank(tmp_path, harness, compile_
     graph = _gpu_run(tmp_path / "graph", *args, "--step-graph", "true")
     eager = _gpu_run(tmp_path / "eager", *args)
     assert graph["complete"] and (graph["metrics"]["step_ms"]["n"], graph["metrics"]["step_timed_ms"]["n"]) == (3, 1)
-    replayed = graph["comm"]["ledger"][-1]["collectives"]
+    record = graph["comm"]["ledger"][-1]
+    replayed = record["collectives"]
     assert replayed and all(e.get("graph") for e in replayed)
     g, e = graph["comm"]["per_step"], eager["comm"]["per_step"]
     assert {k: v["bytes"] for k, v in g.items()} == {k: v["bytes"] for k, v in e.items()}
+    # placed inside the replay (the ledger's external events): spread over the step, ZeRO-2's asynchronous, the
+    # phases in order, as the eager step's
+    issued = sorted(c["issue_ms"] for c in replayed)
+    step = record["step_ms"]
+    assert issued[0] >= 0 and issued[-1] <= step * 1.01 and issued[-1] - issued[0] > 0.2 * step
+    ph = record["phases"]
+    assert 0 < ph["forward_end_ms"] < ph["backward_end_ms"] <= step * 1.01
+    if "zero2" in weights:
+        assert any(c["async"] for c in replayed)
+    kinds = lambda cs: Counter((c["kind"], c["bytes"], c["async"]) for c in cs)  # noqa: E731
+    assert kinds(replayed) == kinds(eager["comm"]["ledger"][-1]["collectives"])
 
 
 @pytest.mark.parametrize(("compile_", "cp_degree"), [("false", 4), ("true", 4), ("false", 2)])

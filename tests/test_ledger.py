@@ -90,3 +90,25 @@ def test_compiling_while_recording_runs_no_collective_on_fake_tensors():
     finally:
         torch._dynamo.reset()
         dist.destroy_process_group()
+
+
+def test_a_replayed_graphs_entries_sit_at_their_offsets_once_settled():
+    """resolve: a step graph's replayed collective at its replay's start plus the offset its graph's events gave
+    (asynchronous as captured, its wait placed), a graph never settled at the replay's start and blocking (the upper
+    bound); graph_phases: the replayed phase marks the same way. CPU stamps are seconds, offsets ms."""
+    from flux_cp.measure.ledger import graph_phases, resolve
+
+    ms = lambda a, b: (b - a) * 1e3  # noqa: E731
+    settled = {"phases": [], "issue": [1.5, 30.0], "wait": [None, 42.0], "phase_ms": {"forward_end": 12.0}}
+    captured = [{"kind": "reduce_scatter", "bytes": 8, "group_size": 2, "async": True, "stream": "compute",
+                 "wait": None, "graph": True, "_i": i} for i in range(2)]
+    t0, replay = 100.0, 100.002  # the replay starts 2 ms into the step
+    placed = resolve([e | {"issue": replay, "_place": settled} for e in captured], ms, t0)
+    assert [(round(r["issue_ms"], 3), r["wait_ms"] and round(r["wait_ms"], 3), r["async"], r.get("placed"))
+            for r in placed] == [(3.5, None, True, True), (32.0, 44.0, True, True)]
+    assert not any(k.startswith("_") for r in placed for k in r)
+    unsettled = resolve([e | {"issue": replay, "_place": {"phases": []}} for e in captured], ms, t0)
+    assert [(round(r["issue_ms"], 3), r["async"], r.get("placed")) for r in unsettled] == [(2.0, False, None)] * 2
+    assert {k: round(v, 3) for k, v in graph_phases([("forward_end", replay, settled)], ms, t0).items()} == {
+        "forward_end_ms": 14.0}
+    assert graph_phases([("forward_end", replay, {"phases": []})], ms, t0) == {}

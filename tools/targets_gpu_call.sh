@@ -5,7 +5,8 @@
 #  3. the target cells at 4608 tokens under the step graph (best W=1 step; B = W = 8 plain DP, ZeRO-2 gathering in
 #     the backward and in the next forward; B = 1, W = 8 TP);
 #  4. B = 1 at 65536 tokens, W = 1 and 8 (eager: device bound at that length);
-#  5. the host axis suite (configs/suites/flux_host_axis.yaml). A part's time box *_S=0 leaves it out.
+#  5. the host axis suite (configs/suites/flux_host_axis.yaml). A part's time box *_S=0 leaves it out; TESTS_K,
+#     GRAPH_CELLS, GRAPH_BUILDS and GRAPH_ONLY change what parts 1 and 3 run.
 # $OUT/all.tgz holds everything (partial.tgz is refreshed every 20 s in case the call is cut).
 #   OUT=/some/dir tools/targets_gpu_call.sh
 set -u
@@ -27,8 +28,9 @@ profile() { part ${PROFILE_S:-80} python3 scripts/train_bench.py --config config
 profile graph --step-graph true --warmup-steps 12 || profile compiled --warmup-steps 5
 find "$OUT" -path '*profile_w1_*/traces' -prune -exec rm -rf {} +  # tens of MB a trace: the breakdown is in summary.json
 log "target cells, 4608 tokens, step graph"
-OUT=$OUT/graph CELLS="4608:1:1 4608:8:8" part ${GRAPH_S:-200} tools/plan_map.sh --builds graph \
-  --only dp1-ddp-graph,dp8-zero2-graph,dp8-zero2f-graph --steps 8 --warmup-steps 12 2>&1 | grep "^== \|^best\|rror"
+OUT=$OUT/graph CELLS=${GRAPH_CELLS:-"4608:1:1 4608:8:8"} part ${GRAPH_S:-200} tools/plan_map.sh \
+  --builds ${GRAPH_BUILDS:-graph} --only ${GRAPH_ONLY:-dp1-ddp-graph,dp8-zero2-graph,dp8-zero2f-graph} --steps 8 \
+  --warmup-steps 12 2>&1 | grep "^== \|^best\|rror"
 OUT=$OUT/graph_tp CELLS="4608:1:8" part ${GRAPH_TP_S:-90} tools/plan_map.sh --builds graph \
   --only dp1xtp8-ddp-graph --steps 8 --warmup-steps 12 2>&1 | grep "^== \|^best\|rror"
 log "65536 tokens, B 1"

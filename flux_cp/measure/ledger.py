@@ -27,8 +27,12 @@ flux_cp/predict/step_model.py prices them.
 CUDA graphs (torch.compile's reduce-overhead mode, --step-graph): a replay runs its captured collectives without
 calling the dispatcher, so the ledger keeps what each graph recorded while it was captured (whatever thread issued
 on its capture stream: a whole step's backward runs on autograd's; not the step's own entries: a capture moves
-nothing) and adds those entries at every replay of that graph in a step (`graph: true`), stamped at the replay's
-start and priced as exposed (`async: false`: inside a graph no stamp says where they end).
+nothing) and adds those entries at every replay of that graph in a step (`graph: true`). Where they fall inside the
+replay: at capture each collective (and its consumer's wait, and the step's phase marks) records an external timing
+event (torch.cuda.Event(external=True): an event node the replay records, torch >= 2.8); once, after a replay
+(StepGraph's capture step, a warm-up step that may sync), their offsets from the replay's start are read (`settle`),
+and every replay's entries are placed at its start plus those offsets, asynchronous ones as such. A graph never
+settled keeps its entries at the replay's start, priced as exposed (`async: false`: the upper bound).
 """
 
 import threading
@@ -125,6 +129,10 @@ class CommLedger:
         # collectives from the autograd engine's thread, on the capture stream
         self._capturing_on: dict[int, object] = {}
         self._graphs = weakref.WeakKeyDictionary()  # CUDAGraph -> the collectives it captured
+        # CUDAGraph -> {"phases": [(name, event)], "start": event before its last replay, "issue"/"wait"/"phase_ms":
+        # offsets (ms from a replay's start, per captured entry / phase) once settled}
+        self._places = weakref.WeakKeyDictionary()
+        self.graph_phases: list[tuple[str, object, dict]] = []  # this step's replayed phase marks (name, stamp, place)
         self._kernels = self._make_kernels()  # (namespace, op name, kernel): registered while recording
         self._libs = []  # the registrations while attached
         self._tap = None  # fn(kind, bytes, group_size, async) at every collective while set (parallel/contention.py)
@@ -137,7 +145,7 @@ class CommLedger:
         return cls._instance
 
     def start(self, clock) -> None:
-        self._clock, self._entries, self._by_output = clock, [], {}
+        self._clock, self._entries, self._by_output, self.graph_phases = clock, [], {}, []
         self._attach()
 
     def stop(self) -> list[dict]:
@@ -190,7 +198,9 @@ class CommLedger:
         e = {"kind": kind, "bytes": int(nbytes), "group_size": int(group_size), "async": bool(async_op),
              "stream": "compute", "issue": None, "wait": None}
         if (graph := self._capturing()) is not None:  # kept for the graph's replays, not the step's own
-            self._graphs.setdefault(graph, []).append(e | {"graph": True, "async": False})
+            captured = self._graphs.setdefault(graph, [])
+            e |= {"graph": True, "_i": len(captured), "_ev": _graph_event()}
+            captured.append(e)
             return e
         if self._clock is None:  # outside a step (another stream captures meanwhile): not the step's
             return e
@@ -199,11 +209,51 @@ class CommLedger:
         return e
 
     def _replayed(self, graph) -> None:
-        """A replay of `graph` in this step: the collectives it captured, stamped at the replay's start."""
-        if self._clock is None or not (captured := self._graphs.get(graph)):
+        """A replay of `graph` is about to launch: in a recording step, the collectives it captured (and its phase
+        marks), stamped at the replay's start; until the graph is settled, a plain event before its replay."""
+        place = self._places.get(graph)
+        if place is not None and "issue" not in place:
+            self.settle(graph, wait=False)  # the previous replay's events, if done (before this one re-records them)
+            if "issue" not in place:
+                place["start"] = torch.cuda.Event(enable_timing=True)
+                place["start"].record()
+        if self._clock is None:
             return
         stamp = self._stamp()
-        self._entries += [dict(e, issue=stamp) for e in captured]
+        self._entries += [{k: v for k, v in e.items() if k not in ("_ev", "_wev")} | {"issue": stamp, "_place": place}
+                          for e in self._graphs.get(graph, ())]
+        if place is not None:
+            self.graph_phases += [(name, stamp, place) for name, _ in place["phases"]]
+
+    def graph_mark(self, name: str) -> None:
+        """A phase boundary (forward_end, backward_end) inside a capture: an event the replays record."""
+        if (graph := self._capturing()) is not None and (ev := _graph_event()) is not None:
+            self._place(graph)["phases"].append((name, ev))
+
+    def _place(self, graph) -> dict:
+        return self._places.setdefault(graph, {"phases": [], "start": None})
+
+    def settle(self, graph, wait: bool = True) -> bool:
+        """The offsets (ms from the replay's start) of `graph`'s captured collectives, their waits and its phase
+        marks, read from its last replay's events (wait: synchronize on them first; else only if they are done).
+        StepGraph calls it after its capture step's replay, in warm-up. True once settled."""
+        place, captured = self._places.get(graph), self._graphs.get(graph, [])
+        if place is None or "issue" in place:
+            return place is not None
+        start = place["start"]
+        events = [ev for e in captured for ev in (e.get("_ev"), e.get("_wev")) if ev is not None]
+        events += [ev for _, ev in place["phases"]]
+        if start is None or not events or any(ev is None for ev in [e.get("_ev") for e in captured]):
+            return False
+        if wait:
+            torch.cuda.synchronize()
+        elif not all(ev.query() for ev in [start, *events]):
+            return False
+        off = start.elapsed_time
+        place["issue"] = [off(e["_ev"]) for e in captured]
+        place["wait"] = [off(e["_wev"]) if e.get("_wev") is not None else None for e in captured]
+        place["phase_ms"] = {name: off(ev) for name, ev in place["phases"]}
+        return True
 
     def _c10d_kernel(self, op, kind, size_arg):
         names = [a.name for a in op._schema.arguments]
@@ -223,7 +273,8 @@ class CommLedger:
                     self._tap(kind, nbytes, n, bool(async_op))
                 if self._listening():
                     e = self._record(kind, nbytes, n, async_op)
-                    if async_op and t is not None and e["issue"] is not None:  # its consumer may say: consumed()
+                    placed = e["issue"] is not None or e.get("_ev") is not None
+                    if async_op and t is not None and placed:  # its consumer may say: consumed()
                         self._by_output[t.data_ptr()] = e
             local.inside = True  # the backend's own ops (gloo copies its result) belong to the collective
             try:
@@ -237,7 +288,11 @@ class CommLedger:
         """The compute waits here for the asynchronous collective whose output is t (its wait stamp): for c10d work
         that its issuer hands to another stream or waits on by an event (ZeRO-2's gathers under the forward), where
         no wait_tensor says so. Without it the prediction assumes the end of the phase it was issued in."""
-        if self._clock is not None and (e := self._by_output.pop(t.data_ptr(), None)) is not None:
+        if (self._clock is None and not self._capturing_on) or (e := self._by_output.pop(t.data_ptr(), None)) is None:
+            return
+        if e.get("graph"):
+            e["_wev"] = _graph_event()  # inside the capture: where the replay's compute waits
+        else:
             e["wait"] = self._stamp()
 
     def inside(self) -> bool:
@@ -263,7 +318,7 @@ class CommLedger:
                     tap(kind, nbytes, n, True)
                 if record:
                     e = self._record(kind, nbytes, n, True)
-                    if isinstance(out, torch.Tensor) and e["issue"] is not None:
+                    if isinstance(out, torch.Tensor) and (e["issue"] is not None or e.get("_ev") is not None):
                         self._by_output[out.data_ptr()] = e
             return out
 
@@ -272,9 +327,11 @@ class CommLedger:
     def _wait_kernel(self, op):
         def kernel(t):
             out = _below(op, (t,), {}, t)
-            if self._clock is not None and not isinstance(t, FakeTensor):
+            if (self._clock is not None or self._capturing_on) and not isinstance(t, FakeTensor):
                 e = self._by_output.pop(t.data_ptr(), None)
-                if e is not None:
+                if e is not None and e.get("graph"):
+                    e["_wev"] = _graph_event()
+                elif e is not None:
                     e["wait"] = self._stamp()
             return out
 
@@ -323,6 +380,7 @@ class CommLedger:
 
         def capture_begin(graph, *args, **kwargs):
             ledger._graphs[graph] = []  # a graph captured again holds its new capture only
+            ledger._places.pop(graph, None)
             # torch.cuda.graph and cudagraph trees begin a capture on the stream they capture
             streams[graph] = torch.cuda.current_stream().cuda_stream
             ledger._capturing_on[streams[graph]] = graph
@@ -333,6 +391,8 @@ class CommLedger:
             try:
                 return end(graph)
             finally:
+                if ledger._graphs.get(graph) or graph in ledger._places:
+                    ledger._place(graph)  # placed from its first replays (_replayed, settle)
                 ledger._capturing_on.pop(streams.pop(graph, None), None)
                 if ledger._clock is None and not ledger._capturing_on and ledger._tap is None:
                     ledger._detach()
@@ -356,15 +416,43 @@ def ledger_for(run) -> "CommLedger | None":
     return CommLedger.get() if run.ledger and dist.is_available() and dist.is_initialized() else None
 
 
+def _graph_event():
+    """An external timing event recorded on the capturing stream, which every replay records where it reaches it
+    (torch.cuda.Event(external=True), torch >= 2.8: without it an event inside a capture is a stream dependency)."""
+    try:
+        ev = torch.cuda.Event(enable_timing=True, external=True)
+    except TypeError:  # torch < 2.8: no external events, the graph's entries stay at the replay's start
+        return None
+    ev.record()
+    return ev
+
+
 def resolve(entries: list[dict], ms, t0) -> list[dict]:
-    """Entries with their stamps as ms from the step's start (`ms(a, b)`: the clock's conversion)."""
+    """Entries with their stamps as ms from the step's start (`ms(a, b)`: the clock's conversion). A replayed graph's
+    entry sits at its replay's start plus its offset in a settled graph; else there, blocking (the upper bound)."""
     out = []
     for e in entries:
-        r = {k: v for k, v in e.items() if k not in ("issue", "wait")}
+        r = {k: v for k, v in e.items() if k not in ("issue", "wait", "_place", "_i", "_ev", "_wev")}
         r["issue_ms"] = None if e["issue"] is None else round(ms(t0, e["issue"]), 4)
         r["wait_ms"] = None if e["wait"] is None else round(ms(t0, e["wait"]), 4)
+        if e.get("graph"):
+            place = e.get("_place") or {}
+            if "issue" in place and r["issue_ms"] is not None:
+                at = r["issue_ms"]
+                r["issue_ms"] = round(at + place["issue"][e["_i"]], 4)
+                w = place["wait"][e["_i"]]
+                r["wait_ms"] = None if w is None else round(at + w, 4)
+                r["placed"] = True
+            else:
+                r["async"] = False
         out.append(r)
     return out
+
+
+def graph_phases(phases: list, ms, t0) -> dict:
+    """A step's replayed phase marks (CommLedger.graph_phases) as `<name>_ms` from its start, where settled."""
+    return {f"{name}_ms": round(ms(t0, stamp) + place["phase_ms"][name], 4) for name, stamp, place in phases
+            if "phase_ms" in place}
 
 
 def totals(entries: list[dict]) -> dict:

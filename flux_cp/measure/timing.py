@@ -260,9 +260,13 @@ class StepTimer:
 
     def mark(self, phase: str) -> None:
         """A phase boundary of the step (forward_end, backward_end): where asynchronous collectives are consumed."""
-        # not inside a CUDA graph's capture (--step-graph): a timing event cannot be recorded there
-        if self._step and not (self.cuda and torch.cuda.is_current_stream_capturing()):
-            self._step["phases"][phase] = self.clock.stamp()
+        if not self._step:
+            return
+        if self.cuda and torch.cuda.is_current_stream_capturing():  # --step-graph: an event the replays record
+            if self.ledger is not None:
+                self.ledger.graph_mark(phase)
+            return
+        self._step["phases"][phase] = self.clock.stamp()
 
     def end_step(self, loss: torch.Tensor | None = None) -> dict:
         """Close the step; its figures come from read(step), which may wait until a later step is issued.
@@ -271,6 +275,7 @@ class StepTimer:
         device tensor would wait for every kernel issued since, draining the device at every step."""
         step = self._step | {"dev1": self.clock.stamp(), "calls": self._calls, "clock": self.clock}
         if self._comm_on:
+            step["graph_phases"] = self.ledger.graph_phases  # a replayed step graph's phase marks
             step["comm"] = self.ledger.stop()
         if loss is not None:
             step["loss"] = loss.detach()
@@ -304,9 +309,10 @@ class StepTimer:
         if "loss" in step:
             out["loss"] = step["loss"].item()  # a host tensor by now: no wait
         if "comm" in step:
-            from flux_cp.measure.ledger import resolve
+            from flux_cp.measure.ledger import graph_phases, resolve
 
-            out["comm"] = {"phases": {f"{k}_ms": round(ms(step["dev0"], v), 4) for k, v in step["phases"].items()},
+            phases = {f"{k}_ms": round(ms(step["dev0"], v), 4) for k, v in step["phases"].items()}
+            out["comm"] = {"phases": phases | graph_phases(step.get("graph_phases", []), ms, step["dev0"]),
                            "collectives": resolve(step["comm"], ms, step["dev0"])}
         per: dict[str, list[float]] = defaultdict(list)
         for c in step["calls"]:

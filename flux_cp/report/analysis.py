@@ -48,12 +48,13 @@ TWIN_SETTINGS = ("split_conditioning", "zero_bucket_view", "zero2_gather", "zero
 
 
 def borrow_ledgers(runs: list[Run]) -> None:
-    """Each --step-graph run, and each run whose ledger misses its gradient sync, is priced with an eager twin's
-    ledger (no CUDA graph: every collective recorded where the step issues and waits on it), of the same device,
-    model, data, precision, strategy (and the settings that change its collectives), weights mode and W. A step
-    graph's own ledger holds the same collectives and bytes (tests/test_gpu.py) but not where they sit in the step (a
-    replay is one launch): priced from it alone they would all be blocking. Compiling does not change a step's
-    collectives (tests/test_recipes.py)."""
+    """Each --step-graph run whose ledger does not place its collectives, and each run whose ledger misses its
+    gradient sync, is priced with an eager twin's ledger (no CUDA graph: every collective recorded where the step
+    issues and waits on it), of the same device, model, data, precision, strategy (and the settings that change its
+    collectives), weights mode and W. A step graph's own ledger holds the same collectives and bytes
+    (tests/test_gpu.py) and, where its graph's events were read (graph_placed), their places: it keeps its own; else
+    priced from it alone they would all be blocking. Compiling does not change a step's collectives
+    (tests/test_recipes.py)."""
     def key(r: Run) -> str:
         run = r.d["config"]["run"]
         return json.dumps([r.d["env"]["device"], r.d["config"]["model"], r.d["config"]["data"], run["precision"],
@@ -68,8 +69,16 @@ def borrow_ledgers(runs: list[Run]) -> None:
         if not r.d.get("step_graph") and (r.d.get("comm") or {}).get("ledger") and not misses_grad_sync(r):
             donors.setdefault(key(r), []).append(r)
     for r in runs:
-        if r.W > 1 and (misses_grad_sync(r) or r.d.get("step_graph")) and key(r) in donors:
+        if r.W > 1 and (misses_grad_sync(r) or (r.d.get("step_graph") and not graph_placed(r))) and key(r) in donors:
             r.ledger_twin = _latest(donors[key(r)])[0]
+
+
+def graph_placed(r: Run) -> bool:
+    """Whether a step-graph run's ledger places its replayed collectives itself (each at its replay's start plus
+    its offset, read from the graph's own events: flux_cp/measure/ledger.py), in every record."""
+    ledger = (r.d.get("comm") or {}).get("ledger") or []
+    graph = [c for rec in ledger for c in rec["collectives"] if c.get("graph")]
+    return bool(graph) and all(c.get("placed") for c in graph)
 
 
 def _ledger_note(run: Run, own_ledger: bool) -> str | None:
@@ -85,7 +94,7 @@ def _ledger_note(run: Run, own_ledger: bool) -> str | None:
         return ("the ledger holds no gradient all-reduce (a --step-graph run recorded before its backward's "
                 "collectives were: docs/archive/2026-12-04c-h200-session.md) and no eager twin among the runs has: "
                 "that communication is not priced")
-    if own_ledger and run.d.get("step_graph"):
+    if own_ledger and run.d.get("step_graph") and not graph_placed(run):
         return ("its collectives replay inside one CUDA graph and no eager twin among the runs places them: priced "
                 "as blocking, one after another (the upper bound)")
     return None

@@ -15,11 +15,14 @@ A capture records kernels, not Python: the host logic of a step (DDP's reducer b
 autograd hooks) runs once, at capture, and replays are the same kernels on the same addresses. What that requires:
 static shapes (every step's batch has the same), no host-device sync inside the step, an optimizer that keeps its
 step count on the device (AdamW capturable=True: parallel.mesh.build_optimizer), nothing in the step reading state
-that changes per step on the host (the op regions are off, the ledger learns the graph's collectives at capture).
+that changes per step on the host (the op regions are off, the ledger learns the graph's collectives at capture and
+reads where they fall after the capture step's replay).
 Collectives inside the graph replay with it (NCCL supports capture; the fake group's move nothing).
 """
 
 import torch
+
+from flux_cp.measure.ledger import CommLedger
 
 
 class StepGraph:
@@ -36,12 +39,16 @@ class StepGraph:
         self.calls += 1
         if self.graph is None and self.calls <= self.eager_steps:
             return fn(model, opt, batch, backward)
-        if self.graph is None:
+        captured = self.graph is None
+        if captured:
             self._capture(fn, model, opt, batch, backward)
         else:
             for k, t in self.inputs.items():
                 t.copy_(batch[k])
         self.graph.replay()  # the capture step too: capturing runs nothing
+        if captured:  # a warm-up step (checks.py): the ledger reads where its collectives fall in a replay (syncs)
+            if CommLedger._instance is not None:
+                CommLedger._instance.settle(self.graph)
         return self.loss.clone()  # the caller may keep it past the next replay
 
     def release(self) -> None:
