@@ -5,30 +5,31 @@
 #  2. Lightning against its bare twin in the team's eager step, W = 2 and 8, five seeds (flux_harness_user.yaml);
 #  3. where each harness's host time goes at W = 2 (py-spy, tools/profile_host.sh);
 #  4. eager cells of the decision map (MAP_CELLS).
-# $OUT/all.tgz holds everything (partial.tgz is refreshed every 20 s in case the call is cut).
+# A part's time box *_S=0 leaves it out. $OUT/all.tgz holds everything (partial.tgz is refreshed every 20 s in case the call is cut).
 #   OUT=/some/dir tools/host_gpu_call.sh
 set -u
 export WANDB_SILENT=true PYTHONUNBUFFERED=1
 log() { echo "== $(date -u +%FT%TZ) $*"; }
+part() { local s=$1; shift; [ "$s" = 0 ] || timeout "$s" "$@"; }  # a time-boxed part; 0 leaves it out (timeout 0: none)
 (while sleep 20; do tar czf "$OUT/p.tmp" -C "$OUT" --exclude='*.tgz' --exclude=p.tmp --exclude=traces --exclude=wandb \
   --exclude='*.pt' --exclude='*.raw' . 2>/dev/null && mv "$OUT/p.tmp" "$OUT/partial.tgz"; done) &
 saver=$!
 log device; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; git log --oneline -1
 log "host axis"
-timeout ${HOST_AXIS_S:-150} python3 scripts/sweep.py configs/suites/flux_host_axis.yaml --output-root "$OUT/suites" \
+part ${HOST_AXIS_S:-150} python3 scripts/sweep.py configs/suites/flux_host_axis.yaml --output-root "$OUT/suites" \
   --in-process 2>&1 | grep -v "^sweep ━" | tail -4
 log "Lightning and its bare twin, the team's eager step"
-timeout ${TWIN_S:-150} python3 scripts/sweep.py configs/suites/flux_harness_user.yaml --output-root "$OUT/suites" \
+part ${TWIN_S:-150} python3 scripts/sweep.py configs/suites/flux_harness_user.yaml --output-root "$OUT/suites" \
   --in-process 2>&1 | grep -v "^sweep ━" | tail -4
 log "py-spy, W=2, both harnesses"
 for h in lightning bare; do
-  timeout ${PYSPY_S:-45} tools/profile_host.sh "$OUT/pyspy_w2_$h" --config configs/flux_4608.yaml --simulate-world 2 \
+  part ${PYSPY_S:-45} tools/profile_host.sh "$OUT/pyspy_w2_$h" --config configs/flux_4608.yaml --simulate-world 2 \
     --cp torch --weights ddp --steps 64 --warmup-steps 8 --harness $h --wandb-mode disabled --output "$OUT/pyspy_w2_$h.run"
   grep -h "step_ms\|median" "$OUT/pyspy_w2_$h.log" | tail -2
 done
 log "map cells, eager"
 OUT=$OUT/map_eager CELLS="${MAP_CELLS:-4608:1:2 4608:2:2 4608:1:8 4608:32:8 16384:1:1 16384:1:8}" \
-  timeout ${MAP_S:-150} tools/plan_map.sh --builds eager --cp none,allgather-kv,ulysses,tp --weights ddp,zero2 \
+  part ${MAP_S:-150} tools/plan_map.sh --builds eager --cp none,allgather-kv,ulysses,tp --weights ddp,zero2 \
   --steps 8 --warmup-steps 3 2>&1 | grep "^== \|^best\|rror"
 kill $saver; tar czf "$OUT/all.tgz" -C "$OUT" --exclude='*.tgz' --exclude=traces --exclude=wandb --exclude='*.pt' \
   --exclude='*.raw' . && rm -f "$OUT/partial.tgz"
