@@ -4,7 +4,9 @@
 #     slower ones);
 #  2. Lightning against its bare twin in the team's eager step, W = 2 and 8, five seeds (flux_harness_user.yaml);
 #  3. where each harness's host time goes at W = 2 (py-spy, tools/profile_host.sh);
-#  4. eager cells of the decision map (MAP_CELLS).
+#  4. idle probes at W=8 with the launch queue as is and 4x as deep (CUDA_SCALE_LAUNCH_QUEUES, a driver setting of
+#     the process): whether the probe's host still waits on the device;
+#  5. eager cells of the decision map (MAP_CELLS).
 # A part's time box *_S=0 leaves it out. $OUT/all.tgz holds everything (partial.tgz is refreshed every 20 s in case the call is cut).
 #   OUT=/some/dir tools/host_gpu_call.sh
 set -u
@@ -26,6 +28,16 @@ for h in lightning bare; do
   part ${PYSPY_S:-45} tools/profile_host.sh "$OUT/pyspy_w2_$h" --config configs/flux_4608.yaml --simulate-world 2 \
     --cp torch --weights ddp --steps 64 --warmup-steps 8 --harness $h --wandb-mode disabled --output "$OUT/pyspy_w2_$h.run"
   grep -h "step_ms\|median" "$OUT/pyspy_w2_$h.log" | tail -2
+done
+log "idle probes at W=8 (bare), the launch queue as CUDA sizes it and 4x (CUDA_SCALE_LAUNCH_QUEUES): does the host stall?"
+for q in default 4x; do
+  ( [ $q = default ] || export CUDA_SCALE_LAUNCH_QUEUES=$q
+    part ${QUEUE_S:-45} python3 scripts/train_bench.py --config configs/flux_4608.yaml --simulate-world 8 --cp torch \
+      --weights ddp --steps 40 --warmup-steps 8 --harness bare --wandb-mode disabled --output "$OUT/queue_$q" \
+      > "$OUT/queue_$q.log" 2>&1 )
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); m=d['metrics']; print(sys.argv[2], 'step', \
+m['step_ms']['median'], 'busy', m.get('device_busy_ms',{}).get('median'), 'issue', m.get('host_issue_ms',{}).get('median'), \
+'hold', d.get('probe_hold_ms'))" "$OUT/queue_$q/summary.json" $q 2>&1 | tail -1
 done
 log "map cells, eager"
 OUT=$OUT/map_eager CELLS="${MAP_CELLS:-4608:1:2 4608:2:2 4608:1:8 4608:32:8 16384:1:1 16384:1:8}" \

@@ -28,11 +28,11 @@ CUDA graphs (torch.compile's reduce-overhead mode, --step-graph): a replay runs 
 calling the dispatcher, so the ledger keeps what each graph recorded while it was captured (whatever thread issued
 on its capture stream: a whole step's backward runs on autograd's; not the step's own entries: a capture moves
 nothing) and adds those entries at every replay of that graph in a step (`graph: true`). Where they fall inside the
-replay: at capture each collective (and its consumer's wait, and the step's phase marks) records an external timing
-event (torch.cuda.Event(external=True): an event node the replay records, torch >= 2.8); once, after a replay
-(StepGraph's capture step, a warm-up step that may sync), their offsets from the replay's start are read (`settle`),
-and every replay's entries are placed at its start plus those offsets, asynchronous ones as such. A graph never
-settled keeps its entries at the replay's start, priced as exposed (`async: false`: the upper bound).
+replay: at capture the graph's first node, each collective (and its consumer's wait, and the step's phase marks)
+record an external timing event (torch.cuda.Event(external=True): an event node the replay records, torch >= 2.8);
+once, after a replay (StepGraph's capture step, a warm-up step that may sync), their offsets from the first node are
+read (`settle`), and every replay's entries are placed at its start plus those offsets, asynchronous ones as such.
+A graph never settled keeps its entries at the replay's start, priced as exposed (`async: false`: the upper bound).
 """
 
 import threading
@@ -129,8 +129,8 @@ class CommLedger:
         # collectives from the autograd engine's thread, on the capture stream
         self._capturing_on: dict[int, object] = {}
         self._graphs = weakref.WeakKeyDictionary()  # CUDAGraph -> the collectives it captured
-        # CUDAGraph -> {"phases": [(name, event)], "start": event before its last replay, "issue"/"wait"/"phase_ms":
-        # offsets (ms from a replay's start, per captured entry / phase) once settled}
+        # CUDAGraph -> {"t0": its first node's event, "phases": [(name, event)], "issue"/"wait"/"phase_ms": offsets
+        # (ms from a replay's first node, per captured entry / phase) once settled}
         self._places = weakref.WeakKeyDictionary()
         self.graph_phases: list[tuple[str, object, dict]] = []  # this step's replayed phase marks (name, stamp, place)
         self._kernels = self._make_kernels()  # (namespace, op name, kernel): registered while recording
@@ -210,13 +210,12 @@ class CommLedger:
 
     def _replayed(self, graph) -> None:
         """A replay of `graph` is about to launch: in a recording step, the collectives it captured (and its phase
-        marks), stamped at the replay's start; until the graph is settled, a plain event before its replay."""
+        marks), stamped at the replay's start."""
         place = self._places.get(graph)
-        if place is not None and "issue" not in place:
-            self.settle(graph, wait=False)  # the previous replay's events, if done (before this one re-records them)
+        if place is not None:
             if "issue" not in place:
-                place["start"] = torch.cuda.Event(enable_timing=True)
-                place["start"].record()
+                self.settle(graph, wait=False)  # the previous replay's events, if done (before this one re-records)
+            place["replays"] = place.get("replays", 0) + 1
         if self._clock is None:
             return
         stamp = self._stamp()
@@ -231,28 +230,33 @@ class CommLedger:
             self._place(graph)["phases"].append((name, ev))
 
     def _place(self, graph) -> dict:
-        return self._places.setdefault(graph, {"phases": [], "start": None})
+        return self._places.setdefault(graph, {"phases": [], "t0": None})
 
     def settle(self, graph, wait: bool = True) -> bool:
-        """The offsets (ms from the replay's start) of `graph`'s captured collectives, their waits and its phase
-        marks, read from its last replay's events (wait: synchronize on them first; else only if they are done).
-        StepGraph calls it after its capture step's replay, in warm-up. True once settled."""
+        """The offsets (ms from the replay's first node: a first replay's upload before it does not count) of
+        `graph`'s captured collectives, their waits and its phase marks, read from its last replay's events (wait:
+        synchronize on them first; else only if they are done). StepGraph calls it after its capture step's replay,
+        in warm-up. True once settled."""
         place, captured = self._places.get(graph), self._graphs.get(graph, [])
-        if place is None or "issue" in place:
-            return place is not None
-        start = place["start"]
+        if place is None or "issue" in place or not place.get("replays"):  # never replayed: no event recorded yet
+            return place is not None and "issue" in place
+        t0 = place["t0"]
         events = [ev for e in captured for ev in (e.get("_ev"), e.get("_wev")) if ev is not None]
         events += [ev for _, ev in place["phases"]]
-        if start is None or not events or any(ev is None for ev in [e.get("_ev") for e in captured]):
+        if t0 is None or not events or any(e.get("_ev") is None for e in captured):
             return False
         if wait:
             torch.cuda.synchronize()
-        elif not all(ev.query() for ev in [start, *events]):
+        elif not all(ev.query() for ev in [t0, *events]):  # all done: all from the same (the last) replay
             return False
-        off = start.elapsed_time
-        place["issue"] = [off(e["_ev"]) for e in captured]
-        place["wait"] = [off(e["_wev"]) if e.get("_wev") is not None else None for e in captured]
-        place["phase_ms"] = {name: off(ev) for name, ev in place["phases"]}
+        off = t0.elapsed_time
+        try:
+            issue = [off(e["_ev"]) for e in captured]
+            wait_ = [off(e["_wev"]) if e.get("_wev") is not None else None for e in captured]
+            phases = {name: off(ev) for name, ev in place["phases"]}
+        except RuntimeError:  # an event the replay did not record (a capture's branch): the graph stays unplaced
+            return False
+        place |= {"issue": issue, "wait": wait_, "phase_ms": phases}
         return True
 
     def _c10d_kernel(self, op, kind, size_arg):
@@ -385,14 +389,16 @@ class CommLedger:
             streams[graph] = torch.cuda.current_stream().cuda_stream
             ledger._capturing_on[streams[graph]] = graph
             ledger._attach()  # a capture outside a recording step still learns its collectives
-            return begin(graph, *args, **kwargs)
+            out = begin(graph, *args, **kwargs)
+            ledger._place(graph)["t0"] = _graph_event()  # the graph's first node: where its offsets count from
+            return out
 
         def capture_end(graph):
             try:
                 return end(graph)
             finally:
-                if ledger._graphs.get(graph) or graph in ledger._places:
-                    ledger._place(graph)  # placed from its first replays (_replayed, settle)
+                if not ledger._graphs.get(graph) and not ledger._places.get(graph, {}).get("phases"):
+                    ledger._places.pop(graph, None)  # nothing to place: no settling at its replays
                 ledger._capturing_on.pop(streams.pop(graph, None), None)
                 if ledger._clock is None and not ledger._capturing_on and ledger._tap is None:
                     ledger._detach()
