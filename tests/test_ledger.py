@@ -112,3 +112,10 @@ def test_a_replayed_graphs_entries_sit_at_their_offsets_once_settled():
     assert {k: round(v, 3) for k, v in graph_phases([("forward_end", replay, settled)], ms, t0).items()} == {
         "forward_end_ms": 14.0}
     assert graph_phases([("forward_end", replay, {"phases": []})], ms, t0) == {}
+    # a later replay half as long as the settling one (its length 64 ms): the offsets are fractions of the replay
+    slow = settled | {"length": 64.0}
+    t1 = replay + 0.032  # this step ends 32 ms after its replay starts
+    halved = resolve([e | {"issue": replay, "_place": slow} for e in captured], ms, t0, t1)
+    assert [(round(r["issue_ms"], 3), r["wait_ms"] and round(r["wait_ms"], 3)) for r in halved] == [(2.75, None),
+                                                                                                  (17.0, 23.0)]
+    assert round(graph_phases([("forward_end", replay, slow)], ms, t0, t1)["forward_end_ms"], 3) == 8.0

@@ -242,8 +242,8 @@ class CommLedger:
             return place is not None and "issue" in place
         t0 = place["t0"]
         events = [ev for e in captured for ev in (e.get("_ev"), e.get("_wev")) if ev is not None]
-        events += [ev for _, ev in place["phases"]]
-        if t0 is None or not events or any(e.get("_ev") is None for e in captured):
+        events += [ev for _, ev in place["phases"]] + [place.get("t1")]
+        if t0 is None or None in events or any(e.get("_ev") is None for e in captured):
             return False
         if wait:
             torch.cuda.synchronize()
@@ -254,9 +254,10 @@ class CommLedger:
             issue = [off(e["_ev"]) for e in captured]
             wait_ = [off(e["_wev"]) if e.get("_wev") is not None else None for e in captured]
             phases = {name: off(ev) for name, ev in place["phases"]}
+            length = off(place["t1"])
         except RuntimeError:  # an event the replay did not record (a capture's branch): the graph stays unplaced
             return False
-        place |= {"issue": issue, "wait": wait_, "phase_ms": phases}
+        place |= {"issue": issue, "wait": wait_, "phase_ms": phases, "length": length}
         return True
 
     def _c10d_kernel(self, op, kind, size_arg):
@@ -394,6 +395,8 @@ class CommLedger:
             return out
 
         def capture_end(graph):
+            if graph in ledger._places:
+                ledger._places[graph]["t1"] = _graph_event()  # its last node: a replay's length
             try:
                 return end(graph)
             finally:
@@ -433,9 +436,19 @@ def _graph_event():
     return ev
 
 
-def resolve(entries: list[dict], ms, t0) -> list[dict]:
-    """Entries with their stamps as ms from the step's start (`ms(a, b)`: the clock's conversion). A replayed graph's
-    entry sits at its replay's start plus its offset in a settled graph; else there, blocking (the upper bound)."""
+def _scale(place: dict, at: float, end: float | None) -> float:
+    """Offsets of a settled graph to this replay: the settling replay (the first after capture, colder) ran longer
+    than later ones (GPU tests: its last collective 5-8% past a later step's end), so offsets are its fractions of
+    the replay, times this replay's length (its start to the step's end; None: as settled)."""
+    length = place.get("length")
+    return (end - at) / length if end is not None and length and end > at else 1.0
+
+
+def resolve(entries: list[dict], ms, t0, t1=None) -> list[dict]:
+    """Entries with their stamps as ms from the step's start (`ms(a, b)`: the clock's conversion; t1: the step's end
+    stamp). A replayed graph's entry sits at its replay's start plus its place in a settled graph (_scale); else
+    there, blocking (the upper bound)."""
+    end = None if t1 is None else ms(t0, t1)
     out = []
     for e in entries:
         r = {k: v for k, v in e.items() if k not in ("issue", "wait", "_place", "_i", "_ev", "_wev")}
@@ -445,9 +458,10 @@ def resolve(entries: list[dict], ms, t0) -> list[dict]:
             place = e.get("_place") or {}
             if "issue" in place and r["issue_ms"] is not None:
                 at = r["issue_ms"]
-                r["issue_ms"] = round(at + place["issue"][e["_i"]], 4)
+                k = _scale(place, at, end)
+                r["issue_ms"] = round(at + k * place["issue"][e["_i"]], 4)
                 w = place["wait"][e["_i"]]
-                r["wait_ms"] = None if w is None else round(at + w, 4)
+                r["wait_ms"] = None if w is None else round(at + k * w, 4)
                 r["placed"] = True
             else:
                 r["async"] = False
@@ -455,10 +469,15 @@ def resolve(entries: list[dict], ms, t0) -> list[dict]:
     return out
 
 
-def graph_phases(phases: list, ms, t0) -> dict:
+def graph_phases(phases: list, ms, t0, t1=None) -> dict:
     """A step's replayed phase marks (CommLedger.graph_phases) as `<name>_ms` from its start, where settled."""
-    return {f"{name}_ms": round(ms(t0, stamp) + place["phase_ms"][name], 4) for name, stamp, place in phases
-            if "phase_ms" in place}
+    end = None if t1 is None else ms(t0, t1)
+    out = {}
+    for name, stamp, place in phases:
+        if "phase_ms" in place:
+            at = ms(t0, stamp)
+            out[f"{name}_ms"] = round(at + _scale(place, at, end) * place["phase_ms"][name], 4)
+    return out
 
 
 def totals(entries: list[dict]) -> dict:

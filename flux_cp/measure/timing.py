@@ -312,8 +312,9 @@ class StepTimer:
             from flux_cp.measure.ledger import graph_phases, resolve
 
             phases = {f"{k}_ms": round(ms(step["dev0"], v), 4) for k, v in step["phases"].items()}
-            out["comm"] = {"phases": phases | graph_phases(step.get("graph_phases", []), ms, step["dev0"]),
-                           "collectives": resolve(step["comm"], ms, step["dev0"])}
+            ends = (step["dev0"], step["dev1"])
+            out["comm"] = {"phases": phases | graph_phases(step.get("graph_phases", []), ms, *ends),
+                           "collectives": resolve(step["comm"], ms, *ends)}
         per: dict[str, list[float]] = defaultdict(list)
         for c in step["calls"]:
             st = c.stamps
