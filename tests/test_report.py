@@ -585,3 +585,16 @@ def test_the_targets_are_checked_against_the_w1_steps_they_name():
     assert "2.77x the user's W=1 step (77.9 ms; target >= 5.0x: missed)" in eight
     (two,) = target_lines(s | {"w1": {"user": None, "best": None}, "alternatives": []})  # the user's own row alone
     assert "torch(allgather), 51.4 ms" in two and "no run of the user's W=1 step" in two and "not checked" in two
+
+
+def test_a_row_training_more_samples_is_held_against_that_many_w1_steps():
+    """per_work: data parallelism at B = W = 8 against a one-sample W=1 step is held against eight of them (its speedup
+    a ratio of samples/s, ideal W); a row training as many samples as the baseline gets the baseline itself."""
+    from flux_cp.report.analysis import per_work
+
+    base = {"step_ms": 50.0, "projected_step_ms": 50.0, "loop_ms": 51.0, "step_spread_ms": 1.0, "samples_per_step": 1,
+            "parts_ms": {"gemm": 30.0, "idle": 0.0}, "regions_ms": {"sdpa_fwd": 4.0, "sdpa_bwd": None}}
+    dp = per_work(base, {"samples_per_step": 8})
+    assert (dp["step_ms"], dp["loop_ms"], dp["parts_ms"], dp["regions_ms"], dp["work_factor"]) == (
+        400.0, 408.0, {"gemm": 240.0, "idle": 0.0}, {"sdpa_fwd": 32.0, "sdpa_bwd": None}, 8.0)
+    assert base["step_ms"] == 50.0 and per_work(base, {"samples_per_step": 1}) is base

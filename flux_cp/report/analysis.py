@@ -210,7 +210,25 @@ def analyse_row(run: Run, W: int, link: LinkProfile | None) -> dict:
         "idle_frac": None if idle is None or not step else idle / step,
         "compile_s": (d.get("compile") or {}).get("compile_s"), "notes": notes,
         "peak_gib": peak_gib(d),
+        # samples a step trains (the global batch): a row training more than its W=1 baseline is held against that
+        # many W=1 steps (per_work), its speedup a ratio of samples/s
+        "samples_per_step": (d.get("throughput") or {}).get("samples_per_step") or 1,
     }
+
+
+def per_work(base: dict, a: dict) -> dict:
+    """The W=1 baseline's figures for as many samples as row `a` trains a step (f = a's samples / base's): its times
+    f times over, so that a speedup is the ratio of samples/s (data parallelism at B = W: ideal W, as one sample at
+    B = 1 under CP). The baseline itself where they train alike."""
+    f = a.get("samples_per_step", 1) / (base.get("samples_per_step") or 1)
+    if f == 1:
+        return base
+    times = lambda d: {k: (None if v is None else v * f) for k, v in d.items()}  # noqa: E731
+    return {**base, "step_ms": base["step_ms"] * f, "projected_step_ms": base["projected_step_ms"] * f,
+            "loop_ms": None if base.get("loop_ms") is None else base["loop_ms"] * f,
+            "step_spread_ms": None if base.get("step_spread_ms") is None else base["step_spread_ms"] * f,
+            "parts_ms": times(base["parts_ms"]), "regions_ms": times(base["regions_ms"]),
+            "samples_per_step": a.get("samples_per_step", 1), "work_factor": f}
 
 
 def peak_gib(d: dict) -> float | None:
@@ -241,12 +259,14 @@ def analyse(config: Config, iso: list[dict], link, cpu_link) -> None:
         row.a["isolated_rows"] = isolated_for(iso, config.key, row.W, config.strategy)
         row.a["isolated_call_ms"] = {op: r["device_ms"] for op, r in row.a["isolated_rows"].items()}
         config.notes += [n for n in (f"W={row.W}: {x}" for x in row.a["notes"]) if n not in config.notes]
-    base = config.baseline.a if config.baseline else None
+    base1 = config.baseline.a if config.baseline else None
     for row in config.rows:
         a = row.a
-        if base is None:
+        if base1 is None:
             a["verdict"] = _verdict(a, None)
             continue
+        base = per_work(base1, a)  # the W=1 step for this row's samples a step
+        a["work_factor"] = base.get("work_factor", 1.0)
         p = a["prediction"]
         a["speedup"] = {"step": ratio(base["step_ms"], a["step_ms"]),
                         "projected_step": ratio(base["step_ms"], a["projected_step_ms"]),
@@ -315,7 +335,10 @@ def _verdict(a: dict, base: dict | None) -> str:
                    f" (simulated, comm predicted with {a['prediction']['link']})")
         lo, hi = a["speedup"]["bounds"]
         bounds = f", bounds {lo:.2f}-{hi:.2f}x" if a["simulated"] and lo and hi and hi > lo else ""
-        out.append(f"W={W}{sim}: {s:.2f}x step speedup ({eff:.0%} of ideal{bounds}; {a['timer']} steps): {kind}")
+        f = base.get("work_factor", 1)
+        what = "step speedup" if f == 1 else (
+            f"samples/s ({a['samples_per_step']:g} samples a step against {base['step_ms'] / f:.3g} ms for one at W=1)")
+        out.append(f"W={W}{sim}: {s:.2f}x {what} ({eff:.0%} of ideal{bounds}; {a['timer']} steps): {kind}")
         sdpa = None
         if None not in (base["regions_ms"]["sdpa_fwd"], base["regions_ms"]["sdpa_bwd"], a["regions_ms"]["sdpa_fwd"],
                         a["regions_ms"]["sdpa_bwd"]):

@@ -10,7 +10,7 @@ error) and its speedups, the table's own; its other configurations are those the
 (analysis.py) against their own W=1 step, which the section names.
 """
 
-from .analysis import MIN_ISOLATED_CALLS
+from .analysis import MIN_ISOLATED_CALLS, per_work
 from .runs import BARE, Config, config_key, noise, strategy_label
 
 USER_SPEEDUP = 1.66  # measured by the user from 1 to 2 GPUs
@@ -119,7 +119,9 @@ def _isolated(configs: list[Config], path: str) -> tuple[dict, dict]:
 
 def _row(configs: list[Config], base: dict, a: dict, W: int) -> dict:
     """One W's figures against the W=1 step base: the prediction (a simulated rank's, else the real step), its
-    bounds, the waterfall, and what the runs' figures split (attention, host-bound time)."""
+    bounds, the waterfall, and what the runs' figures split (attention, host-bound time). A row training more samples
+    a step than base is held against base's step that many times over (analysis.per_work)."""
+    base = per_work(base, a)
     t1, p, fake = base["step_ms"], a["prediction"], a["collectives"] == "fake"
     iso, iso_noisy = _isolated(configs, a["path"])
     return {"W": W, "run": a["run"], "path": a["path"], "predicted_speedup": t1 / a["projected_step_ms"],
@@ -222,11 +224,11 @@ def _alternatives(configs: list[Config], mine: list[Config], base: dict) -> list
             continue
         for r in c.rows:
             if r.W > 1 and r.a.get("prediction"):
-                p = r.a["prediction"]
+                p, t1 = r.a["prediction"], per_work(base, r.a)["step_ms"]  # t1: the W=1 step for its samples
                 out.append({"strategy": _shown(c), "compile": c.key["compile"], "W": r.W, "run": r.a["run"],
                             "basis": "predicted" if r.a["collectives"] == "fake" else "measured",
-                            "speedup": base["step_ms"] / r.a["projected_step_ms"], "peak_gib": r.a.get("peak_gib"),
-                            "bounds": [base["step_ms"] / p["upper_ms"], base["step_ms"] / p["lower_ms"]]
+                            "speedup": t1 / r.a["projected_step_ms"], "peak_gib": r.a.get("peak_gib"),
+                            "bounds": [t1 / p["upper_ms"], t1 / p["lower_ms"]]
                             if r.a["collectives"] == "fake" else None})
     return sorted(out, key=lambda x: (x["W"], -x["speedup"]))
 
