@@ -38,7 +38,7 @@ def rank(plans: list[Plan], runs_dir: Path, link, memory_gib_limit: float | None
             if d.get("complete") and (d.get("metrics") or {}).get("step_ms"):
                 by_name[p.name] = Run(f, d)
                 runs.append(by_name[p.name])
-    borrow_ledgers(runs)  # a step-graph run's collectives placed as its eager twin's, where both ran
+    borrow_ledgers(runs)  # a step-graph run whose ledger is not placed (older runs): as its eager twin's, if it ran
     rows = []
     for p in plans:
         row = {"plan": p.name, "dp": p.dp, "cp_degree": p.cp_degree, "cp": p.cp, "weights": p.weights,
