@@ -119,3 +119,7 @@ def test_a_replayed_graphs_entries_sit_at_their_offsets_once_settled():
     assert [(round(r["issue_ms"], 3), r["wait_ms"] and round(r["wait_ms"], 3)) for r in halved] == [(2.75, None),
                                                                                                   (17.0, 23.0)]
     assert round(graph_phases([("forward_end", replay, slow)], ms, t0, t1)["forward_end_ms"], 3) == 8.0
+    # one of several graphs in a step (reduce-overhead's forward and backward): the step outlasts it, offsets as settled
+    short = settled | {"length": 10.0}
+    assert [round(r["issue_ms"], 3) for r in resolve([e | {"issue": replay, "_place": short} for e in captured], ms,
+                                                     t0, t1)] == [3.5, 32.0]

@@ -31,7 +31,8 @@ nothing) and adds those entries at every replay of that graph in a step (`graph:
 replay: at capture the graph's first node, each collective (and its consumer's wait, and the step's phase marks)
 record an external timing event (torch.cuda.Event(external=True): an event node the replay records, torch >= 2.8);
 once, after a replay (StepGraph's capture step, a warm-up step that may sync), their offsets from the first node are
-read (`settle`), and every replay's entries are placed at its start plus those offsets, asynchronous ones as such.
+read (`settle`, with the replay's length from an event at its last node), and every replay's entries are placed at
+its start plus those offsets as fractions of the replay (`_scale`), asynchronous ones as such.
 A graph never settled keeps its entries at the replay's start, priced as exposed (`async: false`: the upper bound).
 """
 
@@ -439,9 +440,10 @@ def _graph_event():
 def _scale(place: dict, at: float, end: float | None) -> float:
     """Offsets of a settled graph to this replay: the settling replay (the first after capture, colder) ran longer
     than later ones (GPU tests: its last collective 5-8% past a later step's end), so offsets are its fractions of
-    the replay, times this replay's length (its start to the step's end; None: as settled)."""
+    the replay, times this replay's length, at most its start to the step's end (a step of several graphs, as
+    reduce-overhead's, holds more than the replay: then as settled; None: as settled)."""
     length = place.get("length")
-    return (end - at) / length if end is not None and length and end > at else 1.0
+    return min(1.0, (end - at) / length) if end is not None and length and end > at else 1.0
 
 
 def resolve(entries: list[dict], ms, t0, t1=None) -> list[dict]:
