@@ -140,3 +140,28 @@ def test_profiles_per_group_size(tmp_path):
     assert sorted(per) == [2, 4] and for_world(per, 4).name == "g4" and for_world(per, 8).name == "g4"
     assert for_world(per, 3).name == "g2"  # equally near: the smaller W
     assert for_world(LINK, 8) is LINK
+
+
+def test_a_simulated_gpu_rank_is_ranked_at_its_priced_step():
+    """runs.results.ranked_throughput (wandb's ranking): a simulated GPU rank's tokens/s at its step plus the
+    communication its ledger exposes on the link; a real run's, and a CPU rank's (no profile), at the step itself."""
+    from flux_cp.predict.links import flat
+    from flux_cp.runs.results import ranked_throughput
+
+    cfg = {"model": {"num_heads": 4, "head_dim": 16, "double_blocks": 2, "single_blocks": 2, "in_channels": 16,
+                     "text_dim": 32, "pooled_dim": 16, "rope_axes": [4, 6, 6]},
+           "data": {"image_height": 12, "image_width": 8, "text_tokens": 48, "batch_size": 1},
+           "run": {"precision": "bf16-true"}}
+    # one blocking all-reduce of 1 GB at 100 GB/s bus, 2 ranks: 2 x 1/2 x 1e9 B / 1e11 B/s = 10 ms exposed
+    ledger = [{"step": 1, "kind": "timed", "step_ms": 20.0, "phases": {},
+               "collectives": [{"kind": "all_reduce", "bytes": 1e9, "group_size": 2, "issue_ms": 5.0,
+                                "async": False, "wait_ms": None}]}]
+    sim = {"config": cfg, "world_size": 2, "dp": 1, "collectives": "fake", "metrics": {"step_ms": {"median": 20.0}},
+           "env": {"device": "NVIDIA H100 80GB HBM3"}}
+    r = ranked_throughput(sim, ledger, flat(100.0))
+    assert (r["step_ms"], r["exposed_comm_ms"]) == pytest.approx((30.0, 10.0)) and "priced" in r["basis"]
+    assert r["tokens_per_s_per_gpu"] == pytest.approx(144 / 0.030 / 2)
+    cpu = ranked_throughput(sim | {"env": {"device": "cpu (x86_64, 2 cores)"}}, ledger, flat(100.0))
+    assert cpu["step_ms"] == 20.0 and "not priced" in cpu["basis"]
+    real = ranked_throughput({k: v for k, v in sim.items() if k != "collectives"}, ledger, flat(100.0))
+    assert (real["step_ms"], real["basis"]) == (20.0, "measured")

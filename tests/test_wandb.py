@@ -35,6 +35,10 @@ def test_the_summary_is_summary_json_s(offline_run):
     for key in ("throughput/device/items_per_sec", "throughput/device/samples_per_sec", "throughput/items_per_sec"):
         assert s[key] == pytest.approx(t[key])
     assert t["throughput/device/items_per_sec"] == pytest.approx(144 / (d["metrics"]["step_ms"]["median"] / 1e3))
+    # what the dashboards rank by: a real (here one-process) run's own measured figure, in summary.json and wandb
+    assert d["ranked"]["basis"] == "measured"
+    assert s["ranked/tokens_per_s_per_gpu"] == pytest.approx(d["ranked"]["tokens_per_s_per_gpu"])
+    assert d["ranked"]["tokens_per_s_per_gpu"] == pytest.approx(t["throughput/device/items_per_sec"])
 
 
 def test_warmup_steps_are_out_of_the_measured_series(offline_run):
@@ -85,7 +89,7 @@ def test_the_dashboards_panels_name_only_what_the_runs_logged(offline_run, tmp_p
             assert p.x in logged and set(p.y) <= logged, (p.title, p.y)
         else:
             assert set(p.metrics) <= set(info["summary"]), (p.title, p.metrics)
-    assert any("throughput/device/items_per_sec" in getattr(p, "metrics", []) for p in panels)
+    assert any("ranked/tokens_per_s_per_gpu" in getattr(p, "metrics", []) for p in panels)
     shutil.rmtree(tmp_path / "run")
 
 

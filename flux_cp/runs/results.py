@@ -255,6 +255,33 @@ def throughput_of(d: dict, step_ms: float | None = None) -> dict:
     return out
 
 
+PREDICT_LINK = "h200-nvlink4"  # the report's default profile (scripts/report.py --link): NVLink4, H100 SXM's and H200's
+
+
+def ranked_throughput(d: dict, ledger: list[dict] | None, link: "str | object | None" = PREDICT_LINK) -> dict:
+    """What runs are ranked by (wandb's bar plots, `ranked/...`): a real run's measured throughput; a simulated GPU
+    rank's at its step with the collectives it recorded priced on `link` and placed on its timeline
+    (predict.step_model, as the report prices a run of its own); else its compute alone (a CPU rank: no profile),
+    which `basis` says. Keys: step_ms, exposed_comm_ms, tokens_per_s_per_gpu, mfu, basis."""
+    step = ((d.get("metrics") or {}).get("step_ms") or {}).get("median")
+    out = {"step_ms": step, "exposed_comm_ms": 0.0, "basis": "measured"}
+    if d.get("collectives") == "fake" or d.get("simulate"):
+        on_gpu = not str((d.get("env") or {}).get("device", "cpu")).startswith("cpu")
+        out["basis"] = "a simulated rank's compute, collectives not priced"
+        if on_gpu and ledger and link is not None and step:
+            from flux_cp.predict import links
+            from flux_cp.predict.step_model import predict_ledger
+
+            prof = links.load(link) if isinstance(link, (str, Path)) else link
+            pred = predict_ledger(ledger, prof, step_ms=step)
+            if pred is not None:
+                out |= {"step_ms": pred.predicted_ms, "exposed_comm_ms": pred.exposed_ms,
+                        "basis": f"a simulated rank, its collectives priced with {prof.name}"}
+    t = throughput_of(d, step_ms=out["step_ms"]) if out["step_ms"] else {}
+    return out | {"tokens_per_s_per_gpu": t.get("throughput/device/items_per_sec"),
+                  "mfu": t.get("throughput/device/mfu")}
+
+
 def pooled_overhead(lit: list[float], bare: list[float], resamples: int = 2000) -> tuple[float, list[float]]:
     """Lightning's step median over the bare loop's, in %, with every measured step of a group's runs pooled per
     harness, and its 95% bootstrap interval (both sides resampled; a fixed seed: the report is reproducible)."""
@@ -400,6 +427,8 @@ class RunSummary:
             errors = [{k: v for k, v in e.items() if k != "traceback"} for e in errors]  # those stay in error-rank*
             d |= {"complete": False, "errors": errors, "error": errors[0]["error"]}
             d |= {k: errors[0][k] for k in ("error_kind", "error_rank", "shape")}
+        if (complete or "error" in d) and "config" in d and "metrics" in d:  # the final write (flushes are host time)
+            d["ranked"] = ranked_throughput(d, self.ledger)
         if self.ledger:
             from flux_cp.measure.ledger import totals
 
