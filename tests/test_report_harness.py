@@ -323,3 +323,18 @@ def test_verdict_looks_two_levels_down_only(tmp_path):
     assert "no W=1 baseline" in verdict(bare2, tmp_path / "x", [tmp_path])[0]
     found = put(tmp_path / "a", "bare-w1", summary(W1, "bare-w1", "bare"), age=1).parent  # two levels down
     assert f"vs {found} (W=1)" in verdict(bare2, tmp_path / "x", [tmp_path])[0]
+
+
+def test_a_priced_simulated_rank_reads_its_priced_step_in_samples_per_second(tmp_path):
+    """The closing line of a simulated GPU rank whose collectives were priced (summary.json `ranked`): its step with
+    them, tokens/s a GPU and MFU there, and, training two samples a step against a one-sample W=1 run, its speedup as
+    a ratio of samples/s (data parallelism is not a faster step); no 'compute only'."""
+    lit1 = put(tmp_path, "lit-w1", summary(W1, "lit-w1", "lightning"), age=100).parent
+    d = summary(W2, "lit-w2", "lightning") | {"simulate_world": 2}
+    d["throughput"] = dict(d.get("throughput") or {}, samples_per_step=2)
+    d["ranked"] = {"step_ms": 110.0, "exposed_comm_ms": 50.0, "tokens_per_s_per_gpu": 1234.0, "mfu": 0.4,
+                   "basis": "a simulated rank, its collectives priced with h200-nvlink4"}
+    line, _ = verdict(d, tmp_path / "x", [tmp_path])
+    assert "; 110 ms with its collectives priced with h200-nvlink4 (1,234 tokens/s a GPU, MFU 40%)" in line
+    assert f", {med('lit-w1') * 2 / 110.0:.2f}x the samples/s of {lit1} (W=1, 1 sample(s) a step)" in line
+    assert "compute only" not in line

@@ -65,6 +65,13 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     w = world(d)
     simulated = d.get("simulate") or d.get("simulate_world")
     line = f"W={w}{' (simulated)' if simulated else ''}: step {_ms(m['median'])} ms{_work(d)}"
+    ranked = d.get("ranked") or {}
+    priced = bool(simulated) and "priced" in ranked.get("basis", "")  # its collectives priced on a link profile
+    step = ranked["step_ms"] if priced else m["median"]
+    if priced:
+        line += (f"; {_ms(step)} ms with its collectives {ranked['basis'].split('collectives ', 1)[-1]} "
+                 f"({ranked['tokens_per_s_per_gpu']:,.0f} tokens/s a GPU"
+                 + (f", MFU {ranked['mfu']:.0%})" if ranked.get("mfu") is not None else ")"))
     cf = d["config"].get("config_file")
     if cf and Path(cf).resolve() not in (CPU_DEFAULT, GPU_DEFAULT):  # else: the default here, left out
         rel = os.path.relpath(cf)
@@ -79,16 +86,19 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     elif base := find_baseline(d, roots):
         path, b = base
         bm = b["metrics"]["step_ms"]
-        speedup = bm["median"] / m["median"]
+        # more samples a step than the baseline trains: against that many of its steps (a ratio of samples/s)
+        f = _samples(d) / _samples(b)
+        speedup = bm["median"] * f / step
         if speedup > w:  # CP splits the work W ways: more than W times faster is a bad baseline, not a result
             line += (f"; {speedup:.1f}x against {path} (W=1) would beat W={w} GPUs, which CP cannot: that baseline "
                      f"is suspect (its steps {_ms(bm['min'])}-{_ms(bm['max'])} ms)")
             nxt = f"python scripts/train_bench.py{flags} --devices 1 --cp none   (the baseline, again)"
         else:
-            line += f", {speedup:.2f}x vs {path} (W=1)"
+            line += (f", {speedup:.2f}x vs {path} (W=1)" if f == 1 else
+                     f", {speedup:.2f}x the samples/s of {path} (W=1, {_samples(b):g} sample(s) a step)")
             if harness(b) != harness(d):  # the harnesses' difference is in the ratio
                 line += f", a {harness(b)} run: no {harness(d)} W=1 baseline yet"
-            if simulated:  # its collectives took no time: scripts/report.py prices and places them
+            if simulated and not priced:  # its collectives took no time: scripts/report.py prices and places them
                 line += ", compute only"
             nxt = f"python scripts/report.py {roots[0]}"
     else:
@@ -102,6 +112,10 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     elif m["median"] > 0 and (m["max"] - m["min"]) / m["median"] > NOISY:
         line += f", noisy: {_ms(m['min'])}-{_ms(m['max'])} ms"
     return line, f"next: {nxt}"
+
+
+def _samples(d: dict) -> float:
+    return (d.get("throughput") or {}).get("samples_per_step") or 1
 
 
 def _work(d: dict) -> str:
