@@ -68,13 +68,11 @@ from flux_cp.runs.results import (
     RunSummary,
     gather_row,
     peak_memory,
-    ranked_throughput,
     record_host_speed,
     reset_peak_memory,
     run_start_time,
-    throughput_of,
-    work_of,
 )
+from flux_cp.runs.throughput import ranked_throughput, throughput_of, work_of
 
 # The parts of a step's loop period (loop_ms) kept in its step record; see the module docstring.
 LOOP_PARTS = ("data_ms", "transfer_ms", "prologue_ms", "after_ms", "gc_ms")
@@ -114,7 +112,7 @@ class OpTimingCallback(Callback):
         # measured steps' reads, where (probe steps apart: they end by waiting for the device on purpose)
         self._reads = {"in_loop": 0, "after_loop": 0, "waited_in_loop": 0, "probe_drains": 0}
         self._elapsed_s = 0.0  # the logged steps' own times (events) summed: the time axis of the logger's rows
-        self._work: dict | None = None  # runs.results.work_of's figures for the rows' throughput
+        self._work: dict | None = None  # runs.throughput.work_of's figures for the rows' throughput
         self._kinds: dict[str, int] = {}  # measured steps read, by kind (summary.json step_kinds)
         self._in_loop = False
         self.wall: dict[str, float] = {}  # epoch seconds: the run's start, first step, warm-up end, last step end
@@ -278,7 +276,7 @@ class OpTimingCallback(Callback):
                 out |= {f"rank_max/{name}": m["rank_max_median"], f"rank_min/{name}": m["rank_min_median"]}
         t = throughput_of(self.summary.header | {"metrics": metrics})
         out |= {k: v for k, v in t.items() if isinstance(v, (int, float)) and v is not None}
-        # what the dashboards rank by: a simulated rank's with its collectives priced (runs.results.ranked_throughput)
+        # what the dashboards rank by: a simulated rank's with its collectives priced (runs/throughput.py)
         ranked = ranked_throughput(self.summary.header | {"metrics": metrics}, self.summary.ledger)
         out |= {f"ranked/{k}": v for k, v in ranked.items() if v is not None}
         return out | self.summary.derived()

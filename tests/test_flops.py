@@ -119,7 +119,7 @@ def test_attention_flops_equal_the_counters_on_the_gpu():
 def test_a_profiled_step_names_where_mfu_is_lost():
     """With a kernel breakdown (--profile), each part's achieved TFLOP/s and share of the peak: the GEMMs' and the
     attention's model FLOPs over their kernel time, the rest in ms."""
-    from flux_cp.runs.results import throughput_of
+    from flux_cp.runs.throughput import throughput_of
 
     cfg = parse_config(["--config", "configs/flux_4608.yaml"], cuda_available=False)
     f = model_flops(cfg.model, cfg.data)

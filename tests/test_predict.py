@@ -143,10 +143,10 @@ def test_profiles_per_group_size(tmp_path):
 
 
 def test_a_simulated_gpu_rank_is_ranked_at_its_priced_step():
-    """runs.results.ranked_throughput (wandb's ranking): a simulated GPU rank's tokens/s at its step plus the
+    """runs.throughput.ranked_throughput (wandb's ranking): a simulated GPU rank's tokens/s at its step plus the
     communication its ledger exposes on the link; a real run's, and a CPU rank's (no profile), at the step itself."""
     from flux_cp.predict.links import flat
-    from flux_cp.runs.results import ranked_throughput
+    from flux_cp.runs.throughput import ranked_throughput
 
     cfg = {"model": {"num_heads": 4, "head_dim": 16, "double_blocks": 2, "single_blocks": 2, "in_channels": 16,
                      "text_dim": 32, "pooled_dim": 16, "rope_axes": [4, 6, 6]},

@@ -84,7 +84,7 @@ def dashboard_metrics(runs) -> dict[str, list[str]]:
             have |= {k for k, v in t.items() if k.startswith("throughput/") and v is not None}
             have |= {f"ranked/{k}" for k, v in (r.d.get("ranked") or {}).items() if v is not None}
     # ranked by the figures a plan is judged by: a simulated rank's with its collectives priced (ranked/...,
-    # runs.results.ranked_throughput), where the runs have them; else the measured (a simulated rank's compute only)
+    # runs.throughput.ranked_throughput), where the runs have them; else the measured (a simulated rank's compute only)
     ranked = "ranked/tokens_per_s_per_gpu" in have
     panels = {
         "step": ["step_ms"],

@@ -1,1 +1,2 @@
-"""Runs on disk: output folders, summary.json (the results contract), failures and exit codes, sweeps."""
+"""Runs on disk: output folders, summary.json (the results contract) and its throughput, failures and exit codes,
+sweeps."""
