@@ -109,6 +109,8 @@ def comm_prediction(run: Run, W: int, link: LinkProfile | None) -> dict:
                 "grad_ms": 0.0, "exposed_ms_by_kind": {}, "priced_ms_by_kind": {}, "bytes_by_kind": {}}
     ledger = (d.get("comm") or {}).get("ledger")
     src = "ledger"
+    if d.get("step_graph"):  # a step graph's ledger: placed by the graph's own events, else every collective blocking
+        src = "ledger placed by the graph's events" if graph_placed(run) else "ledger, blocking (the upper bound)"
     if run.ledger_twin is not None:  # its own misses collectives or their place (borrow_ledgers)
         ledger, src = run.ledger_twin.d["comm"]["ledger"], f"ledger of its eager twin {run.ledger_twin.name}"
     if ledger:
