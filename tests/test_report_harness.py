@@ -333,7 +333,7 @@ def test_a_priced_simulated_rank_reads_its_priced_step_in_samples_per_second(tmp
     d = summary(W2, "lit-w2", "lightning") | {"simulate_world": 2}
     d["throughput"] = dict(d.get("throughput") or {}, samples_per_step=2)
     d["ranked"] = {"step_ms": 110.0, "exposed_comm_ms": 50.0, "tokens_per_s_per_gpu": 1234.0, "mfu": 0.4,
-                   "basis": "a simulated rank, its collectives priced with h200-nvlink4"}
+                   "link": "h200-nvlink4", "basis": "a simulated rank, its collectives priced with h200-nvlink4"}
     line, _ = verdict(d, tmp_path / "x", [tmp_path])
     assert "; 110 ms with its collectives priced with h200-nvlink4 (1,234 tokens/s a GPU, MFU 40%)" in line
     assert f", {med('lit-w1') * 2 / 110.0:.2f}x the samples/s of {lit1} (W=1, 1 sample(s) a step)" in line

@@ -214,8 +214,6 @@ class CommLedger:
         marks), stamped at the replay's start."""
         place = self._places.get(graph)
         if place is not None:
-            if "issue" not in place:
-                self.settle(graph, wait=False)  # the previous replay's events, if done (before this one re-records)
             place["replays"] = place.get("replays", 0) + 1
         if self._clock is None:
             return
@@ -233,23 +231,18 @@ class CommLedger:
     def _place(self, graph) -> dict:
         return self._places.setdefault(graph, {"phases": [], "t0": None})
 
-    def settle(self, graph, wait: bool = True) -> bool:
+    def settle(self, graph) -> bool:
         """The offsets (ms from the replay's first node: a first replay's upload before it does not count) of
-        `graph`'s captured collectives, their waits and its phase marks, read from its last replay's events (wait:
-        synchronize on them first; else only if they are done). StepGraph calls it after its capture step's replay,
-        in warm-up. True once settled."""
+        `graph`'s captured collectives, their waits and its phase marks, read from its last replay's events after a
+        device sync. StepGraph calls it after its capture step's replay, in warm-up; a graph it does not settle
+        (torch.compile's reduce-overhead) stays unplaced: no query in the timed steps. True once settled."""
         place, captured = self._places.get(graph), self._graphs.get(graph, [])
         if place is None or "issue" in place or not place.get("replays"):  # never replayed: no event recorded yet
             return place is not None and "issue" in place
         t0 = place["t0"]
-        events = [ev for e in captured for ev in (e.get("_ev"), e.get("_wev")) if ev is not None]
-        events += [ev for _, ev in place["phases"]] + [place.get("t1")]
-        if t0 is None or None in events or any(e.get("_ev") is None for e in captured):
+        if t0 is None or place.get("t1") is None:  # torch < 2.8: no external events, none recorded
             return False
-        if wait:
-            torch.cuda.synchronize()
-        elif not all(ev.query() for ev in [t0, *events]):  # all done: all from the same (the last) replay
-            return False
+        torch.cuda.synchronize()
         off = t0.elapsed_time
         try:
             issue = [off(e["_ev"]) for e in captured]
@@ -412,6 +405,12 @@ class CommLedger:
             return replay(graph)
 
         graph_cls.capture_begin, graph_cls.capture_end, graph_cls.replay = capture_begin, capture_end, replay_
+
+
+def settle(graph) -> None:
+    """CommLedger.settle on the process's ledger, if it has one."""
+    if CommLedger._instance is not None:
+        CommLedger._instance.settle(graph)
 
 
 def consumed(t: torch.Tensor) -> None:

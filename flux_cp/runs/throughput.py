@@ -59,9 +59,10 @@ def ranked_throughput(d: dict, ledger: list[dict] | None, link: "str | object | 
     """What runs are ranked by (wandb's bar plots, `ranked/...`): a real run's measured throughput; a simulated GPU
     rank's at its step with the collectives it recorded priced on `link` and placed on its timeline
     (predict.step_model, as the report prices a run of its own); else its compute alone (a CPU rank: no profile),
-    which `basis` says. Keys: step_ms, exposed_comm_ms, tokens_per_s_per_gpu, mfu, basis."""
+    which `basis` says. Keys: step_ms, exposed_comm_ms, link (the profile, where priced), tokens_per_s_per_gpu, mfu,
+    basis."""
     step = ((d.get("metrics") or {}).get("step_ms") or {}).get("median")
-    out = {"step_ms": step, "exposed_comm_ms": 0.0, "basis": "measured"}
+    out = {"step_ms": step, "exposed_comm_ms": 0.0, "link": None, "basis": "measured"}
     if d.get("collectives") == "fake" or d.get("simulate"):
         on_gpu = not str((d.get("env") or {}).get("device", "cpu")).startswith("cpu")
         out["basis"] = "a simulated rank's compute, collectives not priced"
@@ -72,7 +73,7 @@ def ranked_throughput(d: dict, ledger: list[dict] | None, link: "str | object | 
             prof = links.load(link) if isinstance(link, (str, Path)) else link
             pred = predict_ledger(ledger, prof, step_ms=step)
             if pred is not None:
-                out |= {"step_ms": pred.predicted_ms, "exposed_comm_ms": pred.exposed_ms,
+                out |= {"step_ms": pred.predicted_ms, "exposed_comm_ms": pred.exposed_ms, "link": prof.name,
                         "basis": f"a simulated rank, its collectives priced with {prof.name}"}
     t = throughput_of(d, step_ms=out["step_ms"]) if out["step_ms"] else {}
     return out | {"tokens_per_s_per_gpu": t.get("throughput/device/items_per_sec"),

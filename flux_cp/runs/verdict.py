@@ -66,10 +66,10 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     simulated = d.get("simulate") or d.get("simulate_world")
     line = f"W={w}{' (simulated)' if simulated else ''}: step {_ms(m['median'])} ms{_work(d)}"
     ranked = d.get("ranked") or {}
-    priced = bool(simulated) and "priced" in ranked.get("basis", "")  # its collectives priced on a link profile
+    priced = bool(simulated and ranked.get("link"))  # its collectives priced on a link profile
     step = ranked["step_ms"] if priced else m["median"]
     if priced:
-        line += (f"; {_ms(step)} ms with its collectives {ranked['basis'].split('collectives ', 1)[-1]} "
+        line += (f"; {_ms(step)} ms with its collectives priced with {ranked['link']} "
                  f"({ranked['tokens_per_s_per_gpu']:,.0f} tokens/s a GPU"
                  + (f", MFU {ranked['mfu']:.0%})" if ranked.get("mfu") is not None else ")"))
     cf = d["config"].get("config_file")

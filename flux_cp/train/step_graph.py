@@ -22,7 +22,7 @@ Collectives inside the graph replay with it (NCCL supports capture; the fake gro
 
 import torch
 
-from flux_cp.measure.ledger import CommLedger
+from flux_cp.measure.ledger import settle
 
 
 class StepGraph:
@@ -47,8 +47,7 @@ class StepGraph:
                 t.copy_(batch[k])
         self.graph.replay()  # the capture step too: capturing runs nothing
         if captured:  # a warm-up step (checks.py): the ledger reads where its collectives fall in a replay (syncs)
-            if CommLedger._instance is not None:
-                CommLedger._instance.settle(self.graph)
+            settle(self.graph)
         return self.loss.clone()  # the caller may keep it past the next replay
 
     def release(self) -> None:
