@@ -32,7 +32,7 @@ def main() -> int:
     torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     sys.argv = ["train_bench.py", *sys.argv[1:]]
     try:
-        runpy.run_path(str(Path(__file__).with_name("train_bench.py")), run_name="__main__")
+        runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "train_bench.py"), run_name="__main__")
     except SystemExit:
         pass
     trace = torch.cuda.memory._snapshot()["device_traces"][0]
