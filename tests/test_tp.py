@@ -122,3 +122,43 @@ def test_the_bare_loops_wrap_shards_the_weights_for_ddp(tmp_path):
         import torch.distributed as dist
 
         dist.destroy_process_group()
+
+
+def test_a_single_block_keeps_its_gathered_sequence_once(tmp_path):
+    """At batch > 1 the all-gathered (B, S, D) is a strided view; each linear reading it (a single block's qkv and
+    MLP) copied it and kept its copy for the backward: two a block (found on an H100 at Flux.1's depth). Rank 0 of
+    a fake group of 2, batch 2: the saved full-sequence hidden states are one storage a single block."""
+    import torch
+    import torch.distributed as dist
+
+    from flux_cp.config import parse_config
+    from flux_cp.data import device_batches
+    from flux_cp.measure.timing import StepTimer
+    from flux_cp.parallel.fake_group import init_fake_world
+    from flux_cp.parallel.mesh import build_mesh
+    from flux_cp.train.bare import wrap_for_training
+    from flux_cp.train.step import FluxStep, build_model
+
+    cfg = parse_config(["--config", str(TINY), "--cp", "tp", "--simulate-world", "2", "--harness", "bare",
+                        "--data.batch_size", "2", "--output", str(tmp_path)], cuda_available=False)
+    init_fake_world(2)
+    try:
+        cpu = torch.device("cpu")
+        model = build_model(cfg)
+        mesh = build_mesh("cpu", 1, 2)
+        fwd, opt = wrap_for_training(model, cfg.run, cpu, mesh["cp"])
+        step = FluxStep(cfg, model, cpu, mesh["cp"], StepTimer(cuda=False, enabled=False))
+        (batch,) = device_batches(cfg.data, cfg.model, 1, 0, 1, torch.float32, cpu)
+        full = 2 * cfg.data.seq_len * cfg.model.hidden  # (B, S, D), or (B * S, D) as a linear keeps it
+        saved = set()
+
+        def pack(t):  # only a single block's gathered input is the whole sequence's hidden states
+            if t.numel() == full and t.shape[-1] == cfg.model.hidden:
+                saved.add(t.untyped_storage().data_ptr())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step(fwd, opt, batch)
+        assert len(saved) == cfg.model.single_blocks
+    finally:
+        dist.destroy_process_group()
