@@ -3,7 +3,7 @@
 #  1. the host axis suite (configs/suites/flux_host_axis.yaml: the team's W = 2, 8 on this host and on 1.25x, 1.5x
 #     slower ones);
 #  2. Lightning against its bare twin in the team's eager step, W = 2 and 8, five seeds (flux_harness_user.yaml);
-#  3. where each harness's host time goes at W = 2 (py-spy, tools/profile_host.sh);
+#  3. where each harness's host time goes at W = PYSPY_W (default 2; py-spy, tools/profile_host.sh);
 #  4. idle probes at W=8 with the launch queue as is and 4x as deep (CUDA_SCALE_LAUNCH_QUEUES, a driver setting of
 #     the process): whether the probe's host still waits on the device;
 #  5. eager cells of the decision map (MAP_CELLS).
@@ -23,11 +23,12 @@ part ${HOST_AXIS_S:-150} python3 scripts/sweep.py configs/suites/flux_host_axis.
 log "Lightning and its bare twin, the team's eager step"
 part ${TWIN_S:-150} python3 scripts/sweep.py configs/suites/flux_harness_user.yaml --output-root "$OUT/suites" \
   --in-process 2>&1 | grep -v "^sweep ━" | tail -4
-log "py-spy, W=2, both harnesses"
+W=${PYSPY_W:-2}  # py-spy's world: where this GPU kind's step is host bound (the H200: 2; an H100: 8)
+log "py-spy, W=$W, both harnesses"
 for h in lightning bare; do
-  part ${PYSPY_S:-45} tools/profile_host.sh "$OUT/pyspy_w2_$h" --config configs/flux_4608.yaml --simulate-world 2 \
-    --cp torch --weights ddp --steps 64 --warmup-steps 8 --harness $h --wandb-mode disabled --output "$OUT/pyspy_w2_$h.run"
-  grep -h "step_ms\|median" "$OUT/pyspy_w2_$h.log" | tail -2
+  part ${PYSPY_S:-45} tools/profile_host.sh "$OUT/pyspy_w${W}_$h" --config configs/flux_4608.yaml --simulate-world $W \
+    --cp torch --weights ddp --steps 64 --warmup-steps 8 --harness $h --wandb-mode disabled --output "$OUT/pyspy_w${W}_$h.run"
+  grep -h "step_ms\|median\|W=$W" "$OUT/pyspy_w${W}_$h.log" | tail -2
 done
 log "idle probes at W=8 (bare), the launch queue as CUDA sizes it and 4x (CUDA_SCALE_LAUNCH_QUEUES): does the host stall?"
 for q in default 4x; do
