@@ -19,7 +19,7 @@ OUT=$OUT/long100k CELLS="98304:1:1 98304:1:8" part ${LONG100K_S:-200} tools/plan
   --only dp1-ddp-eager,dp1xulysses8-zero2-eager --steps 3 --warmup-steps 1 2>&1 | grep "^== \|^best\|rror\|GiB"
 log "Flux.1 depth: 19 + 38 blocks, S 4608, B 8, W 8"
 part ${FLUX1_S:-150} python3 scripts/plan.py --config configs/flux1.yaml --global-batch 8 --world 8 --cp none,ulysses,tp \
-  --weights zero2,fsdp,ddp --only dp8-zero2-eager,dp1xulysses8-zero2-eager,dp1xtp8-ddp-eager,dp8-fsdp-eager \
+  --weights zero2,fsdp,ddp --only ${FLUX1_ONLY:-dp8-zero2-eager,dp1xulysses8-zero2-eager,dp1xtp8-ddp-eager,dp8-fsdp-eager} \
   --steps 4 --warmup-steps 2 --output "$OUT/flux1" 2>&1 | grep -v "^sweep ━\|^\[ok\]" | tail -14
 log "where TP's peak sits: 2 + 4 blocks, B 8, TP x 8 (the planner's estimate 6.0 GiB, measured 8.1 on the H200)"
 part ${TPMEM_S:-60} python3 tools/memory_peak.py --config configs/flux_4608.yaml --accelerator gpu --harness bare --cp tp \

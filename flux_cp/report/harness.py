@@ -5,7 +5,7 @@ run (--interleave-bare)."""
 import json
 import statistics
 
-from flux_cp.runs.results import pooled_overhead
+from flux_cp.runs.results import pooled_overhead, pooled_runs_overhead
 
 from .runs import Config, Run, _latest, noise, ratio, strategy_label, twin_key
 
@@ -78,8 +78,10 @@ def harness_overhead(configs: list[Config], runs: list[Run]) -> dict:
             rows.append(by_run[lit.path])
     unmatched = sorted(({"run": r.name, "path": str(r.path), "W": r.W} for rs in bare.values() for r in rs
                         if r.path not in used), key=lambda x: x["path"])
+    interleaved = harness_interleaved(runs)
     return {"target_pct": HARNESS_TARGET_PCT, "rows": rows, "unmatched_bare": unmatched,
-            "repeats": harness_repeats(runs, bare), "interleaved": harness_interleaved(runs)}
+            "repeats": harness_repeats(runs, bare), "interleaved": interleaved,
+            "interleaved_pooled": harness_interleaved_pooled(interleaved, runs)}
 
 
 def harness_interleaved(runs: list[Run]) -> list[dict]:
@@ -93,6 +95,28 @@ def harness_interleaved(runs: list[Run]) -> list[dict]:
                         "steps": [tw["lightning_steps"], tw["steps"]], "overhead_pct": tw["overhead_pct"],
                         "ci95_pct": tw["ci95_pct"], "verdict": _pooled_verdict(tw["ci95_pct"])})
     return sorted(out, key=lambda x: (x["strategy"], x["W"], x["run"]))
+
+
+def harness_interleaved_pooled(rows: list[dict], runs: list[Run]) -> list[dict]:
+    """The interleaved runs of one configuration and W over data seeds (configs/suites/flux_harness_user.yaml: five a
+    W), pooled: one run's interval is its own steps'; the seeds' pooled interval is what resolves a few %."""
+    by_path = {str(r.path): r for r in runs}
+    groups: dict[tuple, list] = {}
+    for g in rows:
+        r = by_path[g["run"]]
+        unseeded = json.loads(twin_key(r.d))  # [mode, device, model, data, run]
+        unseeded[3] = {k: v for k, v in unseeded[3].items() if k != "seed"}
+        lit, twin = _measured_steps(r), r.d["interleaved_bare"]["step_ms"]
+        if lit and twin:
+            key = (g["strategy"], g["W"], json.dumps(unseeded, sort_keys=True))
+            groups.setdefault(key, []).append((lit, twin))
+    out = []
+    for (strategy, W, _), pairs in groups.items():
+        if len(pairs) >= 2:
+            est, ci = pooled_runs_overhead(pairs)
+            out.append({"strategy": strategy, "W": W, "runs": len(pairs), "overhead_pct": est, "ci95_pct": ci,
+                        "verdict": _pooled_verdict(ci)})
+    return sorted(out, key=lambda x: (x["strategy"], x["W"]))
 
 
 def _measured_steps(run: Run) -> list[float]:
