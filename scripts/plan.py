@@ -33,6 +33,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from flux_cp.measure.timing import deepen_launch_queue
+
+    deepen_launch_queue()  # before CUDA starts (in-process runs share its context): the idle probe must not stall
     p = _Parser(prog="plan.py", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=None, help="model config (default: configs/flux_4608.yaml on a GPU, "
                    "configs/tiny.yaml without one)")

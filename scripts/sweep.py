@@ -24,6 +24,9 @@ from flux_cp.train import compile_cache  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    from flux_cp.measure.timing import deepen_launch_queue
+
+    deepen_launch_queue()  # before CUDA starts (in-process runs share its context): the idle probe must not stall
     p = argparse.ArgumentParser(prog="sweep.py", description=__doc__.split("\n\n")[0])
     p.add_argument("sweep", nargs="+", help="sweep YAML (configs/sweep_*.yaml, configs/suites/*.yaml); several run "
                    "one after another")

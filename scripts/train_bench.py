@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet()
     import torch
 
+    from flux_cp.measure.timing import deepen_launch_queue
+
+    deepen_launch_queue()  # before CUDA starts: the idle probe's host must not wait on the device
+
     try:
         given = sys.argv[1:] if argv is None else argv
         cfg = parse_config(given, cuda_available=torch.cuda.is_available())

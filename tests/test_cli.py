@@ -354,6 +354,8 @@ def test_host_slowdown_pins_the_run_beside_a_busy_loop_and_leaves_nothing(tmp_pa
     assert d["complete"] and d["config"]["run"]["host_slowdown"] == 1.5
     assert d["host_load"]["spinner_nice"] == [3] and d["host_load"]["nominal_share"] == 1024 / (1024 + 526)
     assert all(d["host_speed"][k]["mean_us"] > 0 for k in ("before", "after"))
+    # CUDA's launch queue as the run set it before CUDA started (4x: the idle probe does not stall), or the user's
+    assert d["launch_queue"] == os.environ.get("CUDA_SCALE_LAUNCH_QUEUES", "4x")
     assert leftover_processes(marker) == []
     r = bench("--config", TINY, "--host-slowdown", 2, "--devices", 2, "--output", tmp_path / "two", env=env)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(

@@ -32,7 +32,7 @@ for h in lightning bare; do
 done
 log "idle probes at W=8 (bare), the launch queue as CUDA sizes it and 4x (CUDA_SCALE_LAUNCH_QUEUES): does the host stall?"
 for q in default 4x; do
-  ( [ $q = default ] || export CUDA_SCALE_LAUNCH_QUEUES=$q
+  ( export CUDA_SCALE_LAUNCH_QUEUES=$q  # default: CUDA's own (train_bench.py's is 4x)
     part ${QUEUE_S:-45} python3 scripts/train_bench.py --config configs/flux_4608.yaml --simulate-world 8 --cp torch \
       --weights ddp --steps 40 --warmup-steps 8 --harness bare --wandb-mode disabled --output "$OUT/queue_$q" \
       > "$OUT/queue_$q.log" 2>&1 )

@@ -158,6 +158,8 @@ def train_header(cfg, params: int) -> dict:
         "env": env_info("cuda" if run.accelerator == "gpu" else "cpu"),
         # --host-slowdown's busy loops and their nominal share (env's host probe: what they did)
         "host_load": applied(run.host_slowdown),
+        # CUDA's launch queue (flux_cp.measure.timing.deepen_launch_queue): at CUDA's default the idle probe stalls
+        "launch_queue": os.environ.get("CUDA_SCALE_LAUNCH_QUEUES", "default"),
         "params": params,
         "tokens_per_rank": cfg.data.seq_len // run.cp_degree,
         # samples a forward and backward of a data-parallel group: batch_size / --micro-batches
