@@ -28,18 +28,34 @@ def _recording_enter(self):
 
 
 DeviceContext.__enter__ = _recording_enter
-_step, _seen = S.FluxStep._step, []
+_tf = DeviceContext.__torch_function__
+calls = {"n": 0, "where": None}
+
+
+def _counting_tf(self, func, types, args=(), kwargs=None):
+    calls["n"] += 1
+    if calls["where"] is None:  # the first torch call it intercepted, and who entered it
+        calls["where"] = (f"{func}, from:\n{''.join(traceback.format_stack(limit=10)[:-1])}"
+                          f"entered at:\n{entered.get(id(self), '? (not through __enter__: set_default_device?)')}")
+    return _tf(self, func, types, args, kwargs)
+
+
+DeviceContext.__torch_function__ = _counting_tf
+_step, _seen = S.FluxStep._step, set()
 
 
 def _step_reporting_modes(self, *a, **k):
-    if not _seen:
-        _seen.append(1)
-        modes = _get_current_function_mode_stack()
-        print(f"function modes in the step: {modes or 'none'}", file=sys.stderr)
-        for m in modes:
-            print(f"--- {type(m).__name__} {getattr(m, 'device', '')}, entered at:\n{entered.get(id(m), '?')}",
-                  file=sys.stderr)
-    return _step(self, *a, **k)
+    before = calls["n"]
+    modes = tuple(type(m).__name__ for m in _get_current_function_mode_stack())
+    out = _step(self, *a, **k)
+    state = (modes, calls["n"] > before)
+    if state not in _seen:  # each new state once: the modes active at the step's start, whether DeviceContext ran
+        _seen.add(state)
+        print(f"step {len(_seen)}: function modes {modes or 'none'}; DeviceContext calls in it "
+              f"{calls['n'] - before}", file=sys.stderr)
+        if calls["n"] > before and calls["where"]:
+            print(f"--- DeviceContext first intercepted {calls['where']}", file=sys.stderr)
+    return out
 
 
 S.FluxStep._step = _step_reporting_modes
