@@ -338,3 +338,33 @@ def test_a_priced_simulated_rank_reads_its_priced_step_in_samples_per_second(tmp
     assert "; 110 ms with its collectives priced with h200-nvlink4 (1,234 tokens/s a GPU, MFU 40%)" in line
     assert f", {med('lit-w1') * 2 / 110.0:.2f}x the samples/s of {lit1} (W=1, 1 sample(s) a step)" in line
     assert "compute only" not in line
+
+
+def test_interleaved_twins_pool_over_seeds(tmp_path):
+    """Lightning runs with their bare twin inside (--interleave-bare), one a data seed on a host whose speed moved
+    between them (steps 55-62 ms): each run's overhead is against its own twin, and the pool over the seeds is the
+    mean of those, its interval within their range (flux_harness_user.yaml: what resolves 3% over five runs)."""
+    from flux_cp.runs.results import pooled_overhead
+
+    overheads = []
+    for seed, (lit_ms, twin_ms) in enumerate([(60.0, 58.5), (57.0, 55.6), (62.0, 60.4)]):
+        d = summary(W2, "lit-w2", "lightning")
+        d["config"]["data"]["seed"] = seed
+        d["per_step"]["step_ms"] = [lit_ms + 0.1 * (i % 3) for i in range(12)]
+        d["metrics"]["step_ms"] = stats(d["per_step"]["step_ms"])
+        twin = [twin_ms + 0.1 * (i % 2) for i in range(16)]
+        est, ci = pooled_overhead(d["per_step"]["step_ms"], twin)
+        d["interleaved_bare"] = {"every": 4, "steps": 16, "step_ms": twin, "lightning_steps": 12,
+                                 "overhead_pct": est, "ci95_pct": ci}
+        put(tmp_path, f"lit-w2-s{seed}", d, age=50 - seed)
+        overheads.append(est)
+    report = build(tmp_path, user="allgather-kv")
+    h = json.loads(json.dumps(report.to_dict()))["harness"]
+    assert len(h["interleaved"]) == 3
+    (g,) = h["interleaved_pooled"]
+    assert (g["W"], g["runs"]) == (2, 3) and g["overhead_pct"] == pytest.approx(statistics.fmean(overheads))
+    lo, hi = g["ci95_pct"]
+    assert min(overheads) - 0.2 <= lo <= g["overhead_pct"] <= hi <= max(overheads) + 0.2
+    assert g["verdict"] == "within" and hi < 3  # the runs' overheads 2.5-2.6%
+    md = write_report(report, tmp_path / "report")["md"].read_text()
+    assert f"allgather-kv W=2: {g['overhead_pct']:+.1f}% over 3 runs (95% interval {lo:+.1f}%" in md
