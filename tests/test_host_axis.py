@@ -155,3 +155,14 @@ def test_the_model_is_checked_on_the_slowed_hosts_runs(axis):
     cell = next(c for c in axis["json"]["regimes"] if c["regime"] == SLOW and c["W"] == 8)
     assert cell["host_check"] == rows[8]
     assert "W=8 at h = 1.25 step" in axis["md"] and "(largest error 9.1%)" in axis["md"]
+    # the slowed runs' probe repetitions (5.0-7.5 us/op): a steady host, no caveat
+    assert ck["probe_range_us"] == pytest.approx([US * 1.25, US * 1.25 * 1.5]) and "host moved" not in axis["md"]
+
+
+def test_a_check_on_a_host_that_moved_says_so():
+    """Probe repetitions spread wider than 2x over the slowed runs (an H100 lease under --host-slowdown: 4.4-36
+    us/op): the model's error is reported with the caveat that the host itself moved."""
+    from flux_cp.report.host_axis import _unsteady
+
+    assert _unsteady({"probe_range_us": [5.0, 7.5]}) == "" and _unsteady({"probe_range_us": None}) == ""
+    assert "the host moved while measured (probe repetitions 4.4-36 us/op" in _unsteady({"probe_range_us": [4.4, 36]})

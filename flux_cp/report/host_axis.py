@@ -18,6 +18,7 @@ from .tables import md_table
 GRID = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # host slowdowns report.json gives speedups at (x the W=1 run's host)
 SHOWN = (0.5, 1.0, 1.5, 2.0)  # report.md's columns of them
 SCAN = tuple(2 ** (i / 64) for i in range(-128, 193))  # 1/4 .. 8x as slow, ~1% apart: where the verdict holds
+UNSTEADY = 2.0  # a check's host probes whose slowest repetition took this many times the fastest: a moving host
 
 
 def _nominal(d: dict) -> float:
@@ -119,7 +120,8 @@ def _checks(summary: dict, cells: list[dict], models: dict, by_path: dict) -> No
                 pred[W] = (m, h)
                 rows.append({"W": W, "run": d["run_name"], "h": h, "h_source": "measured" if host_us(d) and
                              m.host_us else "nominal (host speed not recorded)", "predicted_step_ms": m.step_at(h),
-                             "measured_step_ms": measured, "error_pct": 100 * (m.step_at(h) / measured - 1)})
+                             "measured_step_ms": measured, "error_pct": 100 * (m.step_at(h) / measured - 1),
+                             "probe_range_us": _probe_range(d)})
             if 1 in pred:
                 b, hb = pred[1]
                 for row in rows:
@@ -130,13 +132,23 @@ def _checks(summary: dict, cells: list[dict], models: dict, by_path: dict) -> No
                         row["speedup_error_pct"] = 100 * (row["predicted_speedup"] / row["measured_speedup"] - 1)
             if not rows:
                 continue
+            ranges = [r["probe_range_us"] for r in rows if r["probe_range_us"]]
             check = {"regime": rid, "against": ref, "host": s["host"], "rows": rows,
-                     "max_abs_error_pct": max(abs(r["error_pct"]) for r in rows)}
+                     "max_abs_error_pct": max(abs(r["error_pct"]) for r in rows),
+                     # the slowed runs' host probes, every repetition: where they spread wider than the slowdown
+                     # the model is checked on a host that moved while it was measured
+                     "probe_range_us": [min(a for a, _ in ranges), max(b for _, b in ranges)] if ranges else None}
             s["host_axis"]["checks"].append(check)
             summary[ref]["host_axis"]["checks"].append(check)
             for c in cells:
                 if c["regime"] == rid:
                     c["host_check"] = next((r for r in rows if r["W"] == c["W"]), None)
+
+
+def _probe_range(d: dict) -> list[float] | None:
+    """The fastest and slowest repetition of the run's host probes, before and after its steps (us per op)."""
+    probes = [p for p in ((d.get("host_speed") or {}).get(k) for k in ("before", "after")) if p and "min_us" in p]
+    return [min(p["min_us"] for p in probes), max(p["max_us"] for p in probes)] if probes else None
 
 
 # ---------------------------------------------------------------- report.md
@@ -172,11 +184,19 @@ def host_axis_md(report) -> list[str]:
         for ck in ax["checks"] if s["host"] == "host as is" else []:
             lines.append(f"  - on {ck['host']} (regime {list(summary).index(ck['regime']) + 1}), predicted from "
                          f"these runs: " + "; ".join(_check(r) for r in ck["rows"])
-                         + f" (largest error {ck['max_abs_error_pct']:.1f}%)")
+                         + f" (largest error {ck['max_abs_error_pct']:.1f}%)" + _unsteady(ck))
     if rows:
         out += [md_table(hdr, rows), ""]
     out += lines + ([f"- Not modelled: regime {', '.join(skipped)}."] if skipped else []) + [""]
     return out
+
+
+def _unsteady(check: dict) -> str:
+    lo, hi = check.get("probe_range_us") or (0, 0)
+    if not lo or hi / lo < UNSTEADY:
+        return ""
+    return (f"; the host moved while measured (probe repetitions {lo:.3g}-{hi:.3g} us/op over these runs, wider "
+            "than the slowdown): the error is the host's as much as the model's")
 
 
 def _pct(x: float | None) -> str:
