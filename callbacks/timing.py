@@ -72,7 +72,7 @@ from flux_cp.runs.results import (
     reset_peak_memory,
     run_start_time,
 )
-from flux_cp.runs.throughput import ranked_throughput, throughput_of, work_of
+from flux_cp.runs.throughput import work_of
 
 # The parts of a step's loop period (loop_ms) kept in its step record; see the module docstring.
 LOOP_PARTS = ("data_ms", "transfer_ms", "prologue_ms", "after_ms", "gc_ms")
@@ -267,18 +267,17 @@ class OpTimingCallback(Callback):
         return row
 
     def wandb_summary(self) -> dict:
-        """The run's figures as summary.json holds them: each metric's median under its own name, min, max and n
-        beside it (wandb's run table and comparisons read the summary, which would otherwise keep the last step's)."""
-        out, metrics = {}, self.summary.metrics()
-        for name, m in metrics.items():
+        """The run's figures as summary.json holds them (its final write, which this follows): each metric's median
+        under its own name, min, max and n beside it (wandb's run table and comparisons read the summary, which
+        would otherwise keep the last step's), its throughput, and `ranked/...`, what the dashboards rank by (a
+        simulated rank's with its collectives priced: runs/throughput.py)."""
+        out, final = {}, self.summary.final
+        for name, m in final["metrics"].items():
             out |= {name: m["median"], f"{name}/min": m["min"], f"{name}/max": m["max"], f"{name}/n": m["n"]}
             if "rank_max_median" in m:
                 out |= {f"rank_max/{name}": m["rank_max_median"], f"rank_min/{name}": m["rank_min_median"]}
-        t = throughput_of(self.summary.header | {"metrics": metrics})
-        out |= {k: v for k, v in t.items() if isinstance(v, (int, float)) and v is not None}
-        # what the dashboards rank by: a simulated rank's with its collectives priced (runs/throughput.py)
-        ranked = ranked_throughput(self.summary.header | {"metrics": metrics}, self.summary.ledger)
-        out |= {f"ranked/{k}": v for k, v in ranked.items() if v is not None}
+        out |= {k: v for k, v in final["throughput"].items() if isinstance(v, (int, float)) and v is not None}
+        out |= {f"ranked/{k}": v for k, v in final["ranked"].items() if v is not None}
         return out | self.summary.derived()
 
     def _figures(self, kind: str, local: dict) -> dict:

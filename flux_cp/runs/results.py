@@ -304,6 +304,7 @@ class RunSummary:
         self.rank_max: dict[str, list[float]] = {}
         self.rank_min: dict[str, list[float]] = {}
         self.ledger: list[dict] = []  # measured steps' collectives (flux_cp/measure/ledger.py), this rank's
+        self.final: dict | None = None  # the complete run's summary.json, once written (its throughput, ranked)
 
     def add_comm(self, step: int, kind: str, step_ms: float, comm: dict):
         if step >= self.warmup_steps:
@@ -405,7 +406,10 @@ class RunSummary:
         return self.write(complete=False)
 
     def write(self, complete: bool, error: str | None = None) -> Path:
-        return write_json_atomic(self.path, self.to_dict(complete, error))
+        d = self.to_dict(complete, error)
+        if complete:
+            self.final = d
+        return write_json_atomic(self.path, d)
 
 
 ERROR_FILE_PREFIX = "error-rank"  # <output>/error-rank<r>.json: one per failed rank, merged into summary.json
