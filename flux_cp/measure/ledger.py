@@ -272,8 +272,7 @@ class CommLedger:
                     self._tap(kind, nbytes, n, bool(async_op))
                 if self._listening():
                     e = self._record(kind, nbytes, n, async_op)
-                    placed = e["issue"] is not None or e.get("_ev") is not None
-                    if async_op and t is not None and placed:  # its consumer may say: consumed()
+                    if async_op and t is not None and _placeable(e):  # its consumer may say: consumed()
                         self._by_output[t.data_ptr()] = e
             local.inside = True  # the backend's own ops (gloo copies its result) belong to the collective
             try:
@@ -317,7 +316,7 @@ class CommLedger:
                     tap(kind, nbytes, n, True)
                 if record:
                     e = self._record(kind, nbytes, n, True)
-                    if isinstance(out, torch.Tensor) and (e["issue"] is not None or e.get("_ev") is not None):
+                    if isinstance(out, torch.Tensor) and _placeable(e):
                         self._by_output[out.data_ptr()] = e
             return out
 
@@ -423,6 +422,11 @@ def ledger_for(run) -> "CommLedger | None":
     """The process's ledger, or None where the run turns it off (--ledger false) or has no process group (nothing
     to record: its steps then need no instrumented ones for it)."""
     return CommLedger.get() if run.ledger and dist.is_available() and dist.is_initialized() else None
+
+
+def _placeable(e: dict) -> bool:
+    """An entry whose wait can be placed: stamped in a recording step, or captured with its event in a graph."""
+    return e["issue"] is not None or e.get("_ev") is not None
 
 
 def _graph_event():

@@ -45,14 +45,14 @@ from torch.autograd.profiler import record_function
 LAUNCH_QUEUE = "4x"
 
 
-def deepen_launch_queue() -> str:
+def deepen_launch_queue() -> None:
     """CUDA's launch queue 4x as deep for this process and its ranks (a driver setting read at CUDA's start: call
-    before any CUDA call; a value the user set is kept, `default` leaves CUDA's own). Returns what summary.json
-    records."""
+    before any CUDA call; a value the user set is kept, `default` leaves CUDA's own). summary.json `launch_queue`
+    reads the environment the run started with."""
     if os.environ.get("CUDA_SCALE_LAUNCH_QUEUES") == "default":
         del os.environ["CUDA_SCALE_LAUNCH_QUEUES"]  # not a value CUDA knows
-        return "default"
-    return os.environ.setdefault("CUDA_SCALE_LAUNCH_QUEUES", LAUNCH_QUEUE)
+    else:
+        os.environ.setdefault("CUDA_SCALE_LAUNCH_QUEUES", LAUNCH_QUEUE)
 
 
 @functools.cache

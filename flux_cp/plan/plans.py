@@ -94,12 +94,12 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
         weights = 4 * b * n / W
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
-    tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len / plan.cp_degree
-    acts = ACTIVATION_PER_TOKEN * b * cfg.model.hidden * tokens * blocks
+    tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len  # a micro-batch's, before any split
+    acts = ACTIVATION_PER_TOKEN * b * cfg.model.hidden * tokens / plan.cp_degree * blocks
     if plan.cp == "tp":  # each column-parallel linear keeps its all-gathered input whole, every token (its weight's
         # gradient reads them all): a double block gathers twice (attention, MLP), a single block once
         gathered = 2 * cfg.model.double_blocks + cfg.model.single_blocks
-        acts += gathered * b * cfg.model.hidden * tokens * plan.cp_degree
+        acts += gathered * b * cfg.model.hidden * tokens
     return (weights + acts) / 2**30
 
 

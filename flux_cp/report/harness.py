@@ -104,12 +104,9 @@ def harness_interleaved_pooled(rows: list[dict], runs: list[Run]) -> list[dict]:
     groups: dict[tuple, list] = {}
     for g in rows:
         r = by_path[g["run"]]
-        unseeded = json.loads(twin_key(r.d))  # [mode, device, model, data, run]
-        unseeded[3] = {k: v for k, v in unseeded[3].items() if k != "seed"}
         lit, twin = _measured_steps(r), r.d["interleaved_bare"]["step_ms"]
         if lit and twin:
-            key = (g["strategy"], g["W"], json.dumps(unseeded, sort_keys=True))
-            groups.setdefault(key, []).append((lit, twin))
+            groups.setdefault((g["strategy"], g["W"], _unseeded_key(r.d)), []).append((lit, twin))
     out = []
     for (strategy, W, _), pairs in groups.items():
         if len(pairs) >= 2:
@@ -117,6 +114,13 @@ def harness_interleaved_pooled(rows: list[dict], runs: list[Run]) -> list[dict]:
             out.append({"strategy": strategy, "W": W, "runs": len(pairs), "overhead_pct": est, "ci95_pct": ci,
                         "verdict": _pooled_verdict(ci)})
     return sorted(out, key=lambda x: (x["strategy"], x["W"]))
+
+
+def _unseeded_key(d: dict) -> str:
+    """A run's twin key with its data seed left out: the runs a group of seeds repeats."""
+    unseeded = json.loads(twin_key(d))  # [mode, device, model, data, run]
+    unseeded[3] = {k: v for k, v in unseeded[3].items() if k != "seed"}
+    return json.dumps(unseeded, sort_keys=True)
 
 
 def _measured_steps(run: Run) -> list[float]:
@@ -147,9 +151,7 @@ def harness_repeats(runs: list[Run], bare: dict[str, list[Run]]) -> list[dict]:
             continue
         twin = _twin(r, twins)[0]
         pct = _pct_over(r.metric("step_ms"), twin.metric("step_ms"))
-        unseeded = json.loads(twin_key(r.d))  # [mode, device, model, data, run]
-        unseeded[3] = {k: v for k, v in unseeded[3].items() if k != "seed"}
-        key = (strategy_label(r.d), r.W, json.dumps(unseeded, sort_keys=True))
+        key = (strategy_label(r.d), r.W, _unseeded_key(r.d))
         if pct is not None:
             groups.setdefault(key, []).append((pct, _measured_steps(r), _measured_steps(twin)))
     out = []
