@@ -2,6 +2,7 @@
 
     python scripts/sweep.py configs/sweep_cpu.yaml                 # -> sweeps/cpu-small/{sweep.json,<run>/...}
     python scripts/sweep.py configs/sweep_flux.yaml --dry-run --gpus 8   # check and list, run nothing
+    python scripts/sweep.py configs/suites/flux_recipe_best.yaml --only 'simulate_world-8_*' --in-process  # a slice
     python scripts/sweep.py configs/suites/a.yaml configs/suites/b.yaml --output-root out --in-process  # out/a, out/b
     python scripts/report.py sweeps/cpu-small                      # the sweep's report
 
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, help="per-run --timeout-s (default: the file's `timeout_s`)")
     p.add_argument("--gpus", type=int, help="validate as if this many GPUs were visible (with --dry-run)")
     p.add_argument("--dry-run", action="store_true", help="check the sweep and list its runs; run nothing")
+    p.add_argument("--only", help="run only the runs whose names match these comma-separated globs, e.g. "
+                   "'simulate_world-8_*,simulate_world-none_*' (a slice that fits a device call; --dry-run lists names)")
     p.add_argument("--in-process", action="store_true",
                    help="run every run in this process (one-process runs only): imports once, not once per run")
     a = p.parse_args(argv)
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
-    from flux_cp.runs.sweep import Runner, load_sweep, signal_name
+    from flux_cp.runs.sweep import Runner, load_sweep, select, signal_name
 
     console = Console(stderr=True)
     cuda = torch.cuda.is_available() if a.gpus is None else a.gpus > 0
@@ -56,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if a.timeout_s is not None and a.timeout_s <= 0:
                 raise ConfigError(f"--timeout-s {a.timeout_s}: must be > 0 seconds")
-            sweeps.append(load_sweep(file, output, a.timeout_s, cuda_available=cuda, gpu_count=gpus))
+            sweep = load_sweep(file, output, a.timeout_s, cuda_available=cuda, gpu_count=gpus)
+            sweeps.append(select(sweep, a.only) if a.only is not None else sweep)
         except ConfigError as e:
             lines = str(e).splitlines()
             print(f"sweep.py: {file}: {len(lines)} problem(s), nothing was run:", file=sys.stderr)

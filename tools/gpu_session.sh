@@ -5,6 +5,7 @@
 #   OUT=/some/dir tools/gpu_session.sh [tests] SUITE... [tests]   e.g.  tests flux_user flux_recipe_best
 #   (the suites, the question each answers and the suites they replaced: configs/suites/README.md)
 #   (tests named first run first; named after a suite, they run after the suites)
+#   SWEEP_ONLY='simulate_world-8_*,...' runs a slice of each suite (scripts/sweep.py --only: run-name globs)
 #   -> $OUT/session.log, $OUT/suites.tar.gz (<suite>/sweep.json, one folder per run: summary.json, train_bench.log)
 set -u
 if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
@@ -52,7 +53,7 @@ trap 'kill $saver 2>/dev/null' EXIT
   if [ $tests = 1 ] && [ $tests_first = 1 ]; then run_tests; fi  # "tests SUITE...": tests first
   if [ ${#suites[@]} -gt 0 ]; then
     log "suites ${suites[*]}"
-    python3 scripts/sweep.py "${files[@]}" --output-root "$OUT" --in-process 2>&1 \
+    python3 scripts/sweep.py "${files[@]}" --output-root "$OUT" --in-process ${SWEEP_ONLY:+--only "$SWEEP_ONLY"} 2>&1 \
       | grep -v "^sweep ━" | tail -80
     # one file: the device returns few, flat files
     (cd "$OUT" && tar czf suites.tar.gz --exclude=wandb "${suites[@]}" && rm -f partial.tar.gz)

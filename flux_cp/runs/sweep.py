@@ -81,6 +81,7 @@ class Sweep:
     output: Path
     runs: list[Run]
     timeout_s: float  # per run, unless base/axes set timeout_s
+    only: list[str] = field(default_factory=list)  # run-name globs this invocation keeps (select()); empty: all
 
 
 # ---------------------------------------------------------------- expansion and validation
@@ -276,6 +277,22 @@ def classify(rc: int, summary: dict | None, guard_fired: bool) -> str:
 CUDA_STATE_LOST = re.compile(r"CUDA error|AcceleratorError|graph capture")
 
 
+def select(sweep: Sweep, only: str) -> Sweep:
+    """The sweep with only the runs whose names match one of `only`'s comma-separated globs (fnmatch, e.g.
+    `simulate_world-8_*`): a slice of a suite that fits one device call. A glob that matches no run is an error."""
+    import fnmatch
+
+    globs = [g.strip() for g in only.split(",") if g.strip()]
+    if not globs:
+        raise ConfigError(f"--only {only!r}: give run-name globs, e.g. --only 'simulate_world-8_*' (--dry-run lists "
+                          "the names)")
+    if unmatched := [g for g in globs if not any(fnmatch.fnmatchcase(r.name, g) for r in sweep.runs)]:
+        raise ConfigError(f"--only: {', '.join(unmatched)} match(es) no run of {sweep.name} (--dry-run lists its run "
+                          "names)")
+    runs = [r for r in sweep.runs if any(fnmatch.fnmatchcase(r.name, g) for g in globs)]
+    return dataclasses.replace(sweep, runs=runs, only=globs)
+
+
 class Runner:
     """Runs a sweep's runs one by one, each in its own session (process group), keeping sweep.json current.
 
@@ -301,6 +318,9 @@ class Runner:
         if self.index_path.is_file():
             prior = {r["name"]: r for r in json.loads(self.index_path.read_text()).get("runs", [])}
         self.records = [self._record(r, prior.get(r.name)) for r in sweep.runs]
+        # a slice (--only) keeps what earlier invocations recorded of the runs it leaves out: one index per folder
+        chosen = {r.name for r in sweep.runs}
+        self.kept = [r for name, r in prior.items() if name not in chosen] if sweep.only else []
 
     def _record(self, run: Run, prior: dict | None) -> dict:
         rec = {"name": run.name, "point": run.point, "args": run.args, "status": "pending", "finished": None,
@@ -314,15 +334,17 @@ class Runner:
             return "interrupted"
         if running:
             return "running"
-        return "complete" if all(r["status"] == "ok" for r in self.records) else "failed"
+        return "complete" if all(r["status"] == "ok" for r in self.records + self.kept) else "failed"
 
     def write_index(self, running: bool = True) -> None:
         counts: dict[str, int] = {}
-        for r in self.records:
+        for r in self.records + self.kept:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
-        write_json_atomic(self.index_path, {"schema": 1, "sweep": self.sweep.name, "config_file": self.sweep.file,
-                                            "status": self.status(running), "counts": counts,
-                                            "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": self.records})
+        index = {"schema": 1, "sweep": self.sweep.name, "config_file": self.sweep.file, "status": self.status(running),
+                 "counts": counts, "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": self.records + self.kept}
+        if self.sweep.only:
+            index["only"] = self.sweep.only  # this invocation ran a slice; "complete" still means every listed run ok
+        write_json_atomic(self.index_path, index)
 
     def _on_signal(self, signum, frame):
         self.stop_signal = self.stop_signal or signum  # the first names the interruption
