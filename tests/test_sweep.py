@@ -297,6 +297,34 @@ def test_a_resumed_sweep_keeps_what_sweep_json_recorded(tmp_path):
     assert fresh["exit_code"] is None and fresh["duration_s"] is None and fresh["finished"] is not None
 
 
+def test_only_runs_a_slice_and_the_index_keeps_the_other_slices(tmp_path):
+    """--only: the runs whose names match its globs run, the others do not; a second slice into the same folder
+    keeps the first slice's records, so one sweep.json lists both, complete; a glob that matches nothing is refused
+    in one line before anything runs."""
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"name: o\nconfig: {TINY}\ntimeout_s: 60\nbase: {{wandb_mode: disabled, steps: 2, devices: 1}}\n"
+                   "axes:\n  harness: [bare, lightning]\n")
+    out = tmp_path / "out"
+    r = sweep(cfg, "--output", out, "--in-process", "--only", "harness-bare")
+    assert r.returncode == 0, r.stderr[-3000:]
+    index = json.loads((out / "sweep.json").read_text())
+    assert [x["name"] for x in index["runs"]] == ["harness-bare"] and index["only"] == ["harness-bare"]
+    assert (out / "harness-bare" / "summary.json").is_file() and not (out / "harness-lightning").exists()
+    first = index["runs"][0]
+
+    r = sweep(cfg, "--output", out, "--in-process", "--only", "*-light*")
+    assert r.returncode == 0, r.stderr[-3000:]
+    index = json.loads((out / "sweep.json").read_text())
+    assert index["status"] == "complete" and index["counts"] == {"ok": 2}
+    runs = {x["name"]: x for x in index["runs"]}
+    assert runs["harness-bare"] == first  # kept as the first slice recorded it, not run again
+    assert runs["harness-lightning"]["status"] == "ok"
+
+    r = sweep(cfg, "--output", tmp_path / "none", "--only", "harness-bare,nothing-*")
+    assert r.returncode == 2 and "--only: nothing-* match(es) no run of o" in r.stderr
+    assert not (tmp_path / "none").exists()
+
+
 @pytest.mark.slow  # three real runs, one interrupted, then resumed: ~1-2 min on 2 cores
 def test_an_interrupted_sweep_says_how_to_resume_and_resuming_keeps_the_finished_runs(tmp_path):
     """Ctrl-C (SIGINT) mid-run: the sweep stops that run (SIGTERM to its process group), records it with the signal
