@@ -124,6 +124,9 @@ def test_kernel_breakdown_of_a_cuda_trace():
          "busy": 0.9, "idle": 0.1, "step": 1.0}
     )
     assert b["ops_call_ms"] == pytest.approx({"qkv_gemm_fwd": 0.4, "sdpa_fwd": 0.3})
+    top = b["top_kernels_ms"]  # what each class is made of, by name; the kernel launched after the step not in it
+    assert top["attention"] == [["flash_fwd_kernel", pytest.approx(0.3)]]
+    assert top["other"] == [["vectorized_elementwise_kernel", pytest.approx(0.1)]]
 
 
 def test_kernel_breakdown_of_the_committed_h200_trace():

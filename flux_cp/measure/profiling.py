@@ -37,6 +37,8 @@ _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _CPU_LEAF = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_scaled_dot_product_\w+)$|^c10d::|^gloo:")
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 REGIONS = ("sdpa_fwd", "sdpa_bwd", "qkv_gemm_fwd", "qkv_gemm_bwd")
+TOP = 8  # the heaviest kernels kept per class: what a class's time is made of, by name
+NAME_CHARS = 120  # inductor's fused-kernel names run to hundreds of characters
 
 
 def kernel_class(name: str) -> str:
@@ -68,7 +70,8 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 
 def breakdown(events: list[dict]) -> dict:
-    """Per profiled step: category times, busy, idle, step (ms); per region: kernel ms per call."""
+    """Per profiled step: category times, busy, idle, step (ms); per region: kernel ms per call; per class, its
+    heaviest kernels by name (ms a step, averaged over the profiled steps)."""
     cuda = any(e.get("cat") == "kernel" for e in events)
     launches = {}  # correlation id -> launch time on the CPU (us)
     ranges = []  # (start, end, name) of our record_function ranges
@@ -76,7 +79,7 @@ def breakdown(events: list[dict]) -> dict:
     for e in events:
         cat, args = e.get("cat"), e.get("args") or {}
         if not cuda and cat == "cpu_op" and _CPU_LEAF.search(e.get("name", "")):
-            work.append((e["ts"], e["ts"], e.get("dur", 0), kernel_class(e["name"])))
+            work.append((e["ts"], e["ts"], e.get("dur", 0), kernel_class(e["name"]), e["name"]))
         elif cat in _LAUNCH_CATS and "correlation" in args:
             launches[args["correlation"]] = e["ts"]
         elif cat == "user_annotation" and e.get("name", "").startswith("flux_cp::"):
@@ -92,12 +95,15 @@ def breakdown(events: list[dict]) -> dict:
         if e.get("cat") in _DEVICE_CATS:
             t = launches.get((e.get("args") or {}).get("correlation"))
             if t is not None:
-                work.append((t, e["ts"], e.get("dur", 0), kernel_class(e["name"]) if e["cat"] == "kernel" else "other"))
-    for t, a, dur, cls in work:
+                work.append((t, e["ts"], e.get("dur", 0), kernel_class(e["name"]) if e["cat"] == "kernel" else "other",
+                             e["name"]))
+    by_name = defaultdict(float)  # (class, kernel name) -> ms over the profiled steps
+    for t, a, dur, cls, *name in work:
         step = next((n for sa, sb, n in steps if sa <= t <= sb), None)
         if step is None:
             continue
         per_step[step][cls] += dur / 1e3
+        by_name[cls, name[0][:NAME_CHARS]] += dur / 1e3
         spans[step].append((a, a + dur))
         i = bisect.bisect_right(region_starts, t) - 1  # regions do not overlap: the last one starting before t
         if i >= 0 and t <= regions[i][1]:
@@ -119,10 +125,15 @@ def breakdown(events: list[dict]) -> dict:
     for _, _, n in regions:
         calls[n] += 1
     ops = {n: region_ms[n] / calls[n] for n in REGIONS if calls[n]}
+    top = defaultdict(list)
+    for (cls, name), ms in sorted(by_name.items(), key=lambda kv: -kv[1]):
+        if len(top[cls]) < TOP:
+            top[cls].append([name, ms / len(rows)])
     return {
         "device": "cuda" if cuda else "cpu",
         "steps": len(rows),
         "breakdown_ms": med,
         "idle_frac": med["idle"] / med["step"] if med["step"] else 0.0,
         "ops_call_ms": ops,
+        "top_kernels_ms": dict(top),
     }
