@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, help="validate as if this many GPUs were visible (with --dry-run)")
     p.add_argument("--dry-run", action="store_true", help="check the sweep and list its runs; run nothing")
     p.add_argument("--only", help="run only the runs whose names match these comma-separated globs, e.g. "
-                   "'simulate_world-8_*,simulate_world-none_*' (a slice that fits a device call; --dry-run lists names)")
+                   "'simulate_world-8_*,simulate_world-none_*' (a slice that fits a device call; --dry-run: names)")
     p.add_argument("--in-process", action="store_true",
                    help="run every run in this process (one-process runs only): imports once, not once per run")
     a = p.parse_args(argv)
