@@ -360,7 +360,7 @@ def parse_config(argv: list[str] | None = None, *, cuda_available: bool | None =
 
 
 def _is_sweep(text: str) -> bool:
-    """A sweep YAML (flux_cp/runs/sweep.py: axes, base, include) rather than a run's settings."""
+    """A sweep YAML (flux_cp/runs/sweep_config.py: axes, base, include) rather than a run's settings."""
     import yaml
 
     try:

@@ -1,4 +1,4 @@
-"""Run a sweep of train_bench runs from a YAML grid (flux_cp/runs/sweep.py has the format).
+"""Run a sweep of train_bench runs from a YAML grid (flux_cp/runs/sweep_config.py has the format).
 
     python scripts/sweep.py configs/sweep_cpu.yaml                 # -> sweeps/cpu-small/{sweep.json,<run>/...}
     python scripts/sweep.py configs/sweep_flux.yaml --dry-run --gpus 8   # check and list, run nothing
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
-    from flux_cp.runs.sweep import Runner, load_sweep, select, signal_name
+    from flux_cp.runs.sweep import Runner, signal_name
+    from flux_cp.runs.sweep_config import load_sweep, select
 
     console = Console(stderr=True)
     cuda = torch.cuda.is_available() if a.gpus is None else a.gpus > 0

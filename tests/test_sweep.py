@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from flux_cp.config import ConfigError
-from flux_cp.runs.sweep import Runner, classify, load_sweep
+from flux_cp.runs.sweep import Runner, classify
+from flux_cp.runs.sweep_config import load_sweep
 
 from .conftest import ROOT, TINY, leftover_processes
 

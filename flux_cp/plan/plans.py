@@ -181,7 +181,7 @@ def to_sweep(plans: list[Plan], base_args: list[str], out, name: str, timeout_s:
     simulated rank of its W (or the plain W=1 step)."""
     from pathlib import Path
 
-    from flux_cp.runs.sweep import Run, Sweep, _flag
+    from flux_cp.runs.sweep_config import Run, Sweep, _flag
 
     out = Path(out)
     runs = []

@@ -13,7 +13,7 @@ from pathlib import Path
 from flux_cp.plan.plans import Plan
 from flux_cp.report.analysis import borrow_ledgers, comm_prediction, peak_gib
 from flux_cp.report.runs import Run
-from flux_cp.runs.sweep import _flag
+from flux_cp.runs.sweep_config import _flag
 from flux_cp.runs.throughput import throughput_of
 
 
