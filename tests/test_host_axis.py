@@ -87,7 +87,7 @@ def test_the_model_fits_a_run_and_predicts_the_step_on_another_host():
     # a W=2 step that never gets below 1.3x the W=1 one: no host reproduces the 1.66x, and the statement says so
     ax = _axis(HostModel(86.0, 85.0, 30.0, US), {2: HostModel(66.0, 65.0, 40.0, US)}, {})
     assert ax["reproduces_h"] == [] and ax["statement"].startswith(
-        "reproduces on no host from h = 0.25 to 8 (x the W=1 run's host, 4 us/op): W=2 is at most 1.30x")
+        "reproduces on no host from h = 0.25 to 8 (x the W=2 run's host, 4 us/op): W=2 is at most 1.30x")
 
 
 def test_the_regime_table_carries_each_cells_host_bound_share_and_its_speedup_by_host(axis):
@@ -123,7 +123,7 @@ def test_the_regime_table_carries_each_cells_host_bound_share_and_its_speedup_by
         s = speedups(h)
         assert not (1.66 * 0.9 <= s[2] <= 1.66 * 1.1 and s[8] / s[2] < 1.25)
     assert ax["statement"] == (f"reproduces on hosts of {US * lo:.3g}-{US * hi:.3g} us/op (h = {lo:.2f}-{hi:.2f}); "
-                               f"h: x the W=1 run's host, {US:.3g} us/op")
+                               f"h: x the W=2 run's host, {US:.3g} us/op")
     md = axis["md"]
     section = md[md.index("### The host as an axis"):]
     assert f"| 1 | 2 | {cells[FAST, 2]['host_bound_share']:.0%} | 50 / 45 |" in section
@@ -166,3 +166,27 @@ def test_a_check_on_a_host_that_moved_says_so():
 
     assert _unsteady({"probe_range_us": [5.0, 7.5]}) == "" and _unsteady({"probe_range_us": None}) == ""
     assert "the host moved while measured (probe repetitions 4.4-36 us/op" in _unsteady({"probe_range_us": [4.4, 36]})
+
+
+def test_h_1_is_the_host_the_w2_speedup_was_measured_on(tmp_path):
+    """A lent host moves (probes 3-8 us/op within one lease): here the W=1 run's probe read twice the W=2 run's while
+    its device-bound step did not move. The axis's h = 1 is the W=2 run's host, so the speedup there is the regime
+    table's and the verdict's host statement agrees with the verdict's speedup (one voice)."""
+    w1 = probed(summary(NONE_W1, "w1", 0, sdpa_kernel="flash"), 1, 1.0)
+    moved = {**w1["host_speed"]["before"], "mean_us": 2 * US, "median_us": 2.4 * US, "min_us": 2 * US}
+    w1["env"]["host_probe"] = moved
+    w1["host_speed"] = {"before": moved, "after": moved, "changed": False}
+    put(tmp_path, "w1", w1)
+    for W in (2, 8):
+        put(tmp_path, f"w{W}", probed(summary(SIM[W], f"w{W}", 0, sdpa_kernel="flash"), W, 1.0))
+    write_report(build(tmp_path, link=LINK), tmp_path / "report")
+    j = json.loads((tmp_path / "report" / "report.json").read_text())
+    ax = j["regime_summary"][FAST]["host_axis"]
+    assert ax["reference_us"] == US and ax["baseline_model"]["host_us"] == 2 * US
+    for c in j["regimes"]:
+        assert c["speedup_at_host"]["1"] == pytest.approx(c["speedup"], rel=1e-9)
+    at_1 = ax["speedups"]["1"]["2"]
+    assert at_1 == pytest.approx(j["regime_summary"][FAST]["speedups"]["2"], rel=1e-9)
+    # the table's verdict (reproduces) holds at h = 1 of the axis too; on the W=1 run's host it would not have
+    assert j["regime_summary"][FAST]["verdict"] == "reproduces"
+    assert any(lo <= 1.0 <= hi for lo, hi in ax["reproduces_h"]) and "x the W=2 run's host, 4 us/op" in ax["statement"]

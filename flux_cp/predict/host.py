@@ -96,10 +96,12 @@ def fit(d: dict, extra_ms: float = 0.0) -> tuple[HostModel | None, str | None]:
     return HostModel(step, busy, issue, host_us(d), extra_ms, stalled), None
 
 
-def speedups_at(base: HostModel, cells: dict[int, HostModel], h: float) -> dict[int, float]:
-    """{W: speedup} on a host h times slower than the baseline run's host (each run's own host placed on that axis
-    by its probe)."""
-    us = base.host_us * h if base.host_us else None
+def speedups_at(base: HostModel, cells: dict[int, HostModel], h: float, ref_us: float | None = None
+                ) -> dict[int, float]:
+    """{W: speedup} on a host h times slower than the reference host, `ref_us` us/op (default: the baseline run's),
+    each run's own host placed on that axis by its probe."""
+    ref_us = ref_us or base.host_us
+    us = ref_us * h if ref_us else None
     return {W: base.projected_at(base.h_of(us, h)) / m.projected_at(m.h_of(us, h)) for W, m in cells.items()}
 
 

@@ -134,7 +134,7 @@ def headline_md(report) -> list[str]:
                        + ", ".join(f"{v:.2f}x at W={w}" for w, v in u["speedups"].items()) + f": {u['verdict']}.")
         out.append(f"- **Why** (regime {n}, the [reconciliation](#reconcile) decomposes it): "
                    f"{h['mechanism']}.")
-        if h.get("host_axis"):  # h: the host's time per op over the regime's W=1 run's (report/host_axis.py)
+        if h.get("host_axis"):  # h: the host's time per op over the regime's W=2 run's (report/host_axis.py)
             out.append(f"- **On other hosts** (regime {n}, the regime table's host axis): {h['host_axis']}.")
         against = f"regime {n}'s W=1 step ({b['kind']}, {b['step_ms']:.3g} ms)"
         scope = f"the fastest configuration run on regime {n}'s device, model, data, host and harness"

@@ -4,7 +4,7 @@ At W >= 2 the user's step is host bound at batch 1, so a speedup holds for one h
 (summary.json host_speed) places it on a host-speed axis, and its idle probes give predict/host.py's model of its
 step: step(h) = max(D, H*h) + r (D: device busy, H: the host's own issue time, r: the rest of the measured step; h:
 the host's time per op over the run's own). Per regime: each cell's host-bound share (its device idle share) and
-model; the speedups on hosts 0.5-2x as slow as the W=1 run's; the hosts, from 1/4 to 8x as slow, on which the regime
+model; the speedups on hosts 0.5-2x as slow as the W=2 run's (where the table's W=2 speedup was measured); the hosts, from 1/4 to 8x as slow, on which the regime
 reproduces "1.66x at W=2, little beyond" (regimes.verdict), or that none does. Where the same regime but the host was
 run on an emulated slower host (--host-slowdown), the model of the host as it is predicts those runs from their
 measured host speed: predicted against measured steps and speedups, the model's error.
@@ -15,7 +15,7 @@ from flux_cp.predict.host import HostModel, fit, host_us, ranges, speedups_at
 from .regimes import alt_key, host_slowdown, verdict
 from .tables import md_table
 
-GRID = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # host slowdowns report.json gives speedups at (x the W=1 run's host)
+GRID = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # host slowdowns report.json gives speedups at (x the W=2 run's host)
 SHOWN = (0.5, 1.0, 1.5, 2.0)  # report.md's columns of them
 SCAN = tuple(2 ** (i / 64) for i in range(-128, 193))  # 1/4 .. 8x as slow, ~1% apart: where the verdict holds
 UNSTEADY = 2.0  # a check's host probes whose slowest repetition took this many times the fastest: a moving host
@@ -39,7 +39,7 @@ def host_axis(rep) -> None:
     models: dict[str, tuple[HostModel | None, dict[int, HostModel | None]]] = {}
     for rid, s in summary.items():
         base, why = fit(by_path[s["baseline"]["path"]].d)
-        chosen, whys = {}, {} if base else {1: why}
+        chosen, whys, fitted = {}, {} if base else {1: why}, []
         for c in (c for c in cells if c["regime"] == rid):
             d = by_path[c["path"]].d
             m, cwhy = fit(d, extra_ms=c["predicted_step_ms"] - c["step_ms"])
@@ -47,33 +47,42 @@ def host_axis(rep) -> None:
             c["host_issue_ms"] = m.host_issue_ms if m else None
             c["host_us"] = host_us(d)
             c["host_model"] = m.to_dict() if m else None
-            c["speedup_at_host"] = ({f"{h:g}": speedups_at(base, {c["W"]: m}, h)[c["W"]] for h in GRID}
-                                    if base and m else None)
+            fitted.append((c, m))
             if s["basis"].get(str(c["W"])) == c["basis"]:  # the cell the regime's speedups use
                 chosen[c["W"]] = m
                 if m is None:
                     whys[c["W"]] = cwhy
+        # h = 1 is the host the W=2 step was measured on: where its measured speedup (the regime table's) holds.
+        # The W=1 run's own probe may read another speed on a lent host that moves (3-8 us/op within one lease).
+        ref = (chosen.get(2).host_us if chosen.get(2) else None) or (base.host_us if base else None)
+        for c, m in fitted:
+            c["speedup_at_host"] = ({f"{h:g}": speedups_at(base, {c["W"]: m}, h, ref)[c["W"]] for h in GRID}
+                                    if base and m else None)
         models[rid] = (base, chosen)
-        s["host_axis"] = _axis(base, chosen, whys) | {"checks": []}
+        s["host_axis"] = _axis(base, chosen, whys, ref) | {"checks": []}
     _checks(summary, cells, models, by_path)
 
 
-def _axis(base: HostModel | None, cells: dict[int, HostModel | None], whys: dict[int, str]) -> dict:
-    out = {"baseline_model": base.to_dict() if base else None, "reference_us": base.host_us if base else None,
+def _axis(base: HostModel | None, cells: dict[int, HostModel | None], whys: dict[int, str],
+          ref_us: float | None = None) -> dict:
+    """A regime's speedups along the host axis, h in multiples of `ref_us` (the W=2 run's host; default the W=1
+    run's), and the statement of where it reproduces."""
+    ref_us = ref_us or (base.host_us if base else None)
+    out = {"baseline_model": base.to_dict() if base else None, "reference_us": ref_us,
            "speedups": None, "reproduces_h": [], "statement": None}
     if whys:
         w, why = min(whys.items())
         out["statement"] = f"not modelled: {'the W=1 baseline' if w == 1 else f'W={w}'}: {why}"
         return out
-    out["speedups"] = {f"{h:g}": {str(w): v for w, v in speedups_at(base, cells, h).items()} for h in GRID}
+    out["speedups"] = {f"{h:g}": {str(w): v for w, v in speedups_at(base, cells, h, ref_us).items()} for h in GRID}
     if 2 not in cells:
         out["statement"] = "not tested: no W=2 run"
         return out
-    sp = [speedups_at(base, cells, h) for h in SCAN]
+    sp = [speedups_at(base, cells, h, ref_us) for h in SCAN]
     ok = [verdict(s)[0] == "reproduces" for s in sp]
     out["reproduces_h"] = [list(r) for r in ranges(list(SCAN), ok)]
-    u = base.host_us
-    ref = f"x the W=1 run's host, {u:.3g} us/op" if u else "x the W=1 run's host (its speed not recorded)"
+    u = ref_us
+    ref = f"x the W=2 run's host, {u:.3g} us/op" if u else "x the W=2 run's host (its speed not recorded)"
 
     def at(lo, hi):
         return (f"{u * lo:.3g}-{u * hi:.3g} us/op (h = {lo:.2f}-{hi:.2f})" if u else f"h = {lo:.2f}-{hi:.2f}")
@@ -165,8 +174,8 @@ def host_axis_md(report) -> list[str]:
            "Each run's step modelled from its idle probes as step(h) = max(D, H x h) + r: D the device's busy time, "
            "H the host's own time to issue the step, r the rest of the measured step, h the host's time per op (its "
            "probe, summary.json host_speed) over the run's own; a simulated rank's priced communication added as at "
-           "h = 1. Speedups below on hosts h times as slow as the regime's W=1 run's (h < 1: faster); host-bound "
-           "share: the device's idle share of the step.", ""]
+           "h = 1. Speedups below on hosts h times as slow as the regime's W=2 run's (h < 1: faster; h = 1: the host the "
+           "regime table's W=2 speedup was measured on); host-bound share: the device's idle share of the step.", ""]
     hdr = ["#", "W", "host-bound share", "busy / issue ms", *[f"h={h:g}" for h in SHOWN]]
     rows, lines, skipped = [], [], []
     for i, (rid, s) in enumerate(summary.items(), 1):
