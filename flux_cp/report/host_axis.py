@@ -4,10 +4,11 @@ At W >= 2 the user's step is host bound at batch 1, so a speedup holds for one h
 (summary.json host_speed) places it on a host-speed axis, and its idle probes give predict/host.py's model of its
 step: step(h) = max(D, H*h) + r (D: device busy, H: the host's own issue time, r: the rest of the measured step; h:
 the host's time per op over the run's own). Per regime: each cell's host-bound share (its device idle share) and
-model; the speedups on hosts 0.5-2x as slow as the W=2 run's (where the table's W=2 speedup was measured); the hosts, from 1/4 to 8x as slow, on which the regime
-reproduces "1.66x at W=2, little beyond" (regimes.verdict), or that none does. Where the same regime but the host was
-run on an emulated slower host (--host-slowdown), the model of the host as it is predicts those runs from their
-measured host speed: predicted against measured steps and speedups, the model's error.
+model; the speedups on hosts 0.5-2x as slow as the W=2 run's (where the table's W=2 speedup was measured); the
+hosts, from 1/4 to 8x as slow, on which the regime reproduces "1.66x at W=2, little beyond" (regimes.verdict), or
+that none does. Where the same regime but the host was run on an emulated slower host (--host-slowdown), the model
+of the host as it is predicts those runs from their measured host speed: predicted against measured steps and
+speedups, the model's error.
 """
 
 from flux_cp.predict.host import HostModel, fit, host_us, ranges, speedups_at
@@ -174,8 +175,9 @@ def host_axis_md(report) -> list[str]:
            "Each run's step modelled from its idle probes as step(h) = max(D, H x h) + r: D the device's busy time, "
            "H the host's own time to issue the step, r the rest of the measured step, h the host's time per op (its "
            "probe, summary.json host_speed) over the run's own; a simulated rank's priced communication added as at "
-           "h = 1. Speedups below on hosts h times as slow as the regime's W=2 run's (h < 1: faster; h = 1: the host the "
-           "regime table's W=2 speedup was measured on); host-bound share: the device's idle share of the step.", ""]
+           "h = 1. Speedups below on hosts h times as slow as the regime's W=2 run's (h < 1: faster; h = 1: the host "
+           "the regime table's W=2 speedup was measured on); host-bound share: the device's idle share of the step.",
+           ""]
     hdr = ["#", "W", "host-bound share", "busy / issue ms", *[f"h={h:g}" for h in SHOWN]]
     rows, lines, skipped = [], [], []
     for i, (rid, s) in enumerate(summary.items(), 1):

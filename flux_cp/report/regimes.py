@@ -17,6 +17,7 @@ import json
 import math
 
 from flux_cp.config import CONFIG_DIR, RUN_GROUPS
+from flux_cp.predict.host import host_us
 from flux_cp.predict.links import for_world
 
 from .analysis import analyse_row
@@ -282,7 +283,8 @@ def regimes(report) -> dict:
                 [None, None], "link": p["link"] if fake else None, "comm_source": p["source"] if fake else
                 "measured (real processes)", "kernel_note": kernel_note(b.d, run.d),
                 "host_ms": a["host_ms"], "device_busy_ms": run.metric("device_busy_ms"),
-                "host_op_us": run.d["env"].get("host_op_us"),  # the host's measured speed (flux_cp.runs.results)
+                # the host's speed: its probes before and after the steps (the host axis's measure too)
+                "host_op_us": host_us(run.d),
                 "mechanism": _mechanism(kind, base, a, W, run)})
     ids = _label_ids(regs)
     cells, summary = [], {}
