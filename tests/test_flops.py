@@ -133,3 +133,37 @@ def test_a_profiled_step_names_where_mfu_is_lost():
     assert e["attention"]["of_peak"] == pytest.approx(3 * f["attention"] / 0.008 / 989e12)
     assert e["rest_ms"] == 17.0 and e["idle_ms"] == 5.0
     assert t["throughput/device/mfu"] == pytest.approx(3 * f["total"] / 0.060 / 989e12)
+
+
+def test_the_report_names_where_a_profiled_runs_mfu_goes(tmp_path):
+    """The report's MFU section over a real profiled H100 run (docs/results/2026-12-06c, four samples a step): its
+    MFU, each part's share of peak as the summary computed it, and the heaviest kernels by name; a CPU profile (no
+    kernels) is left out."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from flux_cp.report import build
+    from flux_cp.report import write as write_report
+
+    src = Path(__file__).resolve().parents[1] / "docs/results/2026-12-06c-h100-recipes/call3_profile_w1_b4_summary.json"
+    d = json.loads(src.read_text())
+    (tmp_path / "gpu").mkdir()
+    shutil.copy(src, tmp_path / "gpu" / "summary.json")
+    cpu = json.loads(src.read_text())
+    cpu["profile"]["device"], cpu["run_name"] = "cpu", "a-cpu-profile"
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "summary.json").write_text(json.dumps(cpu))
+    write_report(build(tmp_path), tmp_path / "report")
+    rows = json.loads((tmp_path / "report" / "report.json").read_text())["efficiency"]
+    assert [r["run"] for r in rows] == [d["run_name"]]
+    r, eff = rows[0], d["throughput"]["efficiency"]
+    assert r["mfu"] == d["throughput"]["throughput/device/mfu"] and r["samples_per_step"] == 4
+    assert r["gemm"] == eff["gemm"] and r["attention"]["of_peak"] == eff["attention"]["of_peak"]
+    assert r["other_ms"] == d["profile"]["breakdown_ms"]["other"]
+    bprop, ms = d["profile"]["top_kernels_ms"]["attention"][0]
+    assert "flash_bprop" in bprop and ms > 25.0  # cuDNN's flash backward: the heaviest attention kernel
+    md = (tmp_path / "report" / "report.md").read_text()
+    sec = md[md.index("## Where the MFU goes"):]
+    assert f"| {r['run']} | 1 | 4 | {r['step_ms']:.1f} | 52% | {eff['gemm']['ms']:.1f} ms, 75% of peak |" in sec
+    assert bprop[:60] in sec and d["profile"]["top_kernels_ms"]["other"][0][0][:60] in sec

@@ -387,6 +387,7 @@ class Report:
     levers: dict | None = None  # levers.levers(): pairs of runs of one call that differ in one lever's settings
     plans: list | None = None  # scripts/plan.py's cells found under the root (their plan.json), ranked rows each
     headline: dict | None = None  # headline.headline(): the verdicts the report opens with
+    efficiency: list | None = None  # efficiency.efficiency(): each profiled GPU run's MFU by part and kernel
 
     def to_dict(self) -> dict:
         return {
@@ -404,6 +405,7 @@ class Report:
             "levers": (self.levers or {}).get("rows", []),
             "lever_notes": (self.levers or {}).get("notes", []),
             "plans": self.plans or [],
+            "efficiency": self.efficiency or [],
             "isolated": self.iso,
             "skipped": [{"path": str(s.path), "status": s.status, "reason": s.reason} for s in self.skipped],
         }

@@ -6,6 +6,7 @@ from pathlib import Path
 from flux_cp.predict import links
 
 from .analysis import Report, analyse, borrow_ledgers
+from .efficiency import efficiency
 from .harness import harness_overhead
 from .headline import headline
 from .host_axis import host_axis
@@ -44,6 +45,7 @@ def build(root: Path, link=None, cpu_link=None,
     rep.harness = harness_overhead(configs, runs)
     rep.levers = levers(rep)
     rep.plans = _plans(root)
+    rep.efficiency = efficiency(runs)
     return rep
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from flux_cp.predict.links import name_of
 
 from .analysis import Report
+from .efficiency import efficiency_md
 from .figures import config_figures, reconcile_figure, regimes_figure
 from .headline import headline_md
 from .sections import (  # noqa: F401  (harness_table, regimes_table, best_line: wandb_out's and the CLI's)
@@ -97,6 +98,7 @@ def render_md(report: Report, figs: dict[str, list[Path]]) -> str:
     out += reconcile_md(report.reconcile, figs.get("reconcile", []))
     out += levers_md(report)
     out += harness_md(report)
+    out += efficiency_md(report.efficiency or [])
     if not report.configs:
         out.append("No complete train runs: nothing to reconcile.\n")
     for c in report.configs:
