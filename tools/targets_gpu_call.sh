@@ -6,7 +6,7 @@
 #     the backward and in the next forward; B = 1, W = 8 TP);
 #  4. B = 1 at 65536 tokens, W = 1 and 8 (eager: device bound at that length);
 #  5. the host axis suite (configs/suites/flux_host_axis.yaml). A part's time box *_S=0 leaves it out; TESTS_K,
-#     GRAPH_CELLS, GRAPH_BUILDS and GRAPH_ONLY change what parts 1 and 3 run.
+#     GRAPH_CELLS, GRAPH_BUILDS and GRAPH_ONLY change what parts 1 and 3 run; PROFILE_B the samples a profiled step.
 # $OUT/all.tgz holds everything (partial.tgz is refreshed every 20 s in case the call is cut).
 #   OUT=/some/dir tools/targets_gpu_call.sh
 set -u
@@ -22,9 +22,10 @@ part ${TESTS_S:-130} python3 -m pytest -m gpu -n 4 -v -rfE --tb=short -p no:cach
   "${TESTS_K:-simulated_tp_rank or simulated_ulysses_zero_rank or bare_and_lightning or training_loop_makes_no}" \
   > "$OUT/gpu_tests.log" 2>&1; grep -c PASSED "$OUT/gpu_tests.log"; grep "FAILED\|ERROR\| passed\| failed" "$OUT/gpu_tests.log" | tail -8
 log "the best W=1 step's kernels by part (compiled per block, step graph; without the graph if the profiler fails it)"
+# PROFILE_B=4: four samples a step (the optimizer amortised: the W=1 step's best MFU)
 profile() { part ${PROFILE_S:-80} python3 scripts/train_bench.py --config configs/flux_4608.yaml --compile true \
-  --steps 12 --profile true --profile-steps 3 --wandb-mode disabled --output "$OUT/profile_w1_$1" "${@:2}" \
-  > "$OUT/profile_w1_$1.log" 2>&1; }
+  --steps 12 --profile true --profile-steps 3 --data.global_batch ${PROFILE_B:-1} --wandb-mode disabled \
+  --output "$OUT/profile_w1_$1" "${@:2}" > "$OUT/profile_w1_$1.log" 2>&1; }
 profile graph --step-graph true --warmup-steps 12 || profile compiled --warmup-steps 5
 find "$OUT" -path '*profile_w1_*/traces' -prune -exec rm -rf {} +  # tens of MB a trace: the breakdown is in summary.json
 log "target cells, 4608 tokens, step graph"
