@@ -53,8 +53,15 @@ trap 'kill $saver 2>/dev/null' EXIT
   if [ $tests = 1 ] && [ $tests_first = 1 ]; then run_tests; fi  # "tests SUITE...": tests first
   if [ ${#suites[@]} -gt 0 ]; then
     log "suites ${suites[*]}"
-    python3 scripts/sweep.py "${files[@]}" --output-root "$OUT" --in-process ${SWEEP_ONLY:+--only "$SWEEP_ONLY"} 2>&1 \
-      | grep -v "^sweep ━" | tail -80
+    # an in-process sweep has no isolation: a crash in the driver takes the process (2026-12-06, H100: a general
+    # protection fault in libcuda starting a run); killed by a signal other than Ctrl-C/SIGTERM, it resumes once
+    for attempt in 1 2; do
+      python3 scripts/sweep.py "${files[@]}" --output-root "$OUT" --in-process ${SWEEP_ONLY:+--only "$SWEEP_ONLY"} \
+        2>&1 | grep -v "^sweep ━" | tail -80
+      rc=${PIPESTATUS[0]}
+      [ "$rc" -gt 128 ] && [ "$rc" != 130 ] && [ "$rc" != 143 ] && [ $attempt = 1 ] || break
+      log "the sweep died (exit $rc): resuming it (complete runs are kept)"
+    done
     # one file: the device returns few, flat files
     (cd "$OUT" && tar czf suites.tar.gz --exclude=wandb "${suites[@]}" && rm -f partial.tar.gz)
   fi
