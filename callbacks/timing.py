@@ -277,6 +277,10 @@ class OpTimingCallback(Callback):
             if "rank_max_median" in m:
                 out |= {f"rank_max/{name}": m["rank_max_median"], f"rank_min/{name}": m["rank_min_median"]}
         out |= {k: v for k, v in final["throughput"].items() if isinstance(v, (int, float)) and v is not None}
+        eff = final["throughput"].get("efficiency") or {}  # --profile: where the MFU goes, by part
+        for part in ("gemm", "attention"):
+            out |= {f"efficiency/{part}_{k}": v for k, v in (eff.get(part) or {}).items() if v is not None}
+        out |= {f"efficiency/{k}": eff[k] for k in ("rest_ms", "idle_ms") if eff.get(k) is not None}
         out |= {f"ranked/{k}": v for k, v in final["ranked"].items() if v is not None}
         return out | self.summary.derived()
 

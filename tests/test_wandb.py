@@ -108,3 +108,18 @@ def test_the_summary_carries_the_hosts_speed_before_and_after(offline_run, tmp_p
             assert 0 < probe["min_us"] <= probe["median_us"] <= probe["max_us"] and probe["reps"] == 7
         assert h["before"] == s["env"]["host_probe"] and isinstance(h["changed"], bool)
         assert s["host_op_us_end"] == h["after"]["median_us"]
+
+
+def test_a_profiled_runs_summary_says_where_its_step_goes(tmp_path):
+    """--profile: the kernel breakdown's parts reach wandb's summary as summary.json holds them (efficiency/...):
+    the GEMMs' and attention's time (and, on a GPU, their share of the peak), the rest and the idle time."""
+    r = bench("--config", TINY, "--steps", 4, "--warmup-steps", 1, "--profile", "true", "--profile-steps", 2,
+              "--wandb-mode", "offline", "--output", tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads((tmp_path / "summary.json").read_text())
+    (f,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    s, eff = run_info(f)["summary"], d["throughput"]["efficiency"]
+    assert eff["gemm"]["ms"] > 0 and eff["attention"]["ms"] > 0  # CPU: aten GEMMs and SDPA ops stand in for kernels
+    assert s["efficiency/gemm_ms"] == pytest.approx(eff["gemm"]["ms"])
+    assert s["efficiency/attention_ms"] == pytest.approx(eff["attention"]["ms"])
+    assert s["efficiency/rest_ms"] == pytest.approx(eff["rest_ms"])
