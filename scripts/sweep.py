@@ -60,13 +60,18 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if a.timeout_s is not None and a.timeout_s <= 0:
                 raise ConfigError(f"--timeout-s {a.timeout_s}: must be > 0 seconds")
-            sweep = load_sweep(file, output, a.timeout_s, cuda_available=cuda, gpu_count=gpus)
-            sweeps.append(select(sweep, a.only) if a.only is not None else sweep)
+            sweeps.append(load_sweep(file, output, a.timeout_s, cuda_available=cuda, gpu_count=gpus))
         except ConfigError as e:
             lines = str(e).splitlines()
             print(f"sweep.py: {file}: {len(lines)} problem(s), nothing was run:", file=sys.stderr)
             for line in lines:
                 print(f"  {line}", file=sys.stderr)
+            return EXIT_CONFIG
+    if a.only is not None:  # across every file: a glob names runs of one suite or another
+        try:
+            sweeps = select(sweeps, a.only)
+        except ConfigError as e:
+            print(f"sweep.py: {e}; nothing was run", file=sys.stderr)
             return EXIT_CONFIG
     if a.dry_run:
         for run in (r for sweep in sweeps for r in sweep.runs):

@@ -324,6 +324,13 @@ def test_only_runs_a_slice_and_the_index_keeps_the_other_slices(tmp_path):
     r = sweep(cfg, "--output", tmp_path / "none", "--only", "harness-bare,nothing-*")
     assert r.returncode == 2 and "--only: nothing-* match(es) no run of o" in r.stderr
     assert not (tmp_path / "none").exists()
+    # several suites: a glob may name runs of one of them; a suite with no run chosen is left out
+    other = tmp_path / "p.yaml"
+    other.write_text(cfg.read_text().replace("name: o", "name: p").replace("harness: [bare, lightning]",
+                                                                            "data.seed: [3, 4]"))
+    r = sweep(cfg, other, "--output-root", tmp_path / "two", "--dry-run", "--only", "seed-4,harness-bare")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [ln.split(":")[0] for ln in r.stdout.splitlines()] == ["harness-bare", "seed-4"]
 
 
 @pytest.mark.slow  # three real runs, one interrupted, then resumed: ~1-2 min on 2 cores

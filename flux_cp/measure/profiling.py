@@ -75,7 +75,7 @@ def breakdown(events: list[dict]) -> dict:
     cuda = any(e.get("cat") == "kernel" for e in events)
     launches = {}  # correlation id -> launch time on the CPU (us)
     ranges = []  # (start, end, name) of our record_function ranges
-    work = []  # (launch time, start, duration, class) of every kernel (or CPU leaf op)
+    work = []  # (launch time, start, duration, class, name) of every kernel (or CPU leaf op)
     for e in events:
         cat, args = e.get("cat"), e.get("args") or {}
         if not cuda and cat == "cpu_op" and _CPU_LEAF.search(e.get("name", "")):
@@ -98,12 +98,12 @@ def breakdown(events: list[dict]) -> dict:
                 work.append((t, e["ts"], e.get("dur", 0), kernel_class(e["name"]) if e["cat"] == "kernel" else "other",
                              e["name"]))
     by_name = defaultdict(float)  # (class, kernel name) -> ms over the profiled steps
-    for t, a, dur, cls, *name in work:
+    for t, a, dur, cls, name in work:
         step = next((n for sa, sb, n in steps if sa <= t <= sb), None)
         if step is None:
             continue
         per_step[step][cls] += dur / 1e3
-        by_name[cls, name[0][:NAME_CHARS]] += dur / 1e3
+        by_name[cls, name[:NAME_CHARS]] += dur / 1e3
         spans[step].append((a, a + dur))
         i = bisect.bisect_right(region_starts, t) - 1  # regions do not overlap: the last one starting before t
         if i >= 0 and t <= regions[i][1]:

@@ -55,7 +55,7 @@ def host_axis(rep) -> None:
                     whys[c["W"]] = cwhy
         # h = 1 is the host the W=2 step was measured on: where its measured speedup (the regime table's) holds.
         # The W=1 run's own probe may read another speed on a lent host that moves (3-8 us/op within one lease).
-        ref = (chosen.get(2).host_us if chosen.get(2) else None) or (base.host_us if base else None)
+        ref = chosen[2].host_us if chosen.get(2) else None  # None: the W=1 run's (speedups_at, _axis)
         for c, m in fitted:
             c["speedup_at_host"] = ({f"{h:g}": speedups_at(base, {c["W"]: m}, h, ref)[c["W"]] for h in GRID}
                                     if base and m else None)

@@ -26,6 +26,7 @@ same settings are an error.
 """
 
 import dataclasses
+import fnmatch
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -215,17 +216,19 @@ def _one_line(e) -> str:
     return " ".join(str(e).split())
 
 
-def select(sweep: Sweep, only: str) -> Sweep:
-    """The sweep with only the runs whose names match one of `only`'s comma-separated globs (fnmatch, e.g.
-    `simulate_world-8_*`): a slice of a suite that fits one device call. A glob that matches no run is an error."""
-    import fnmatch
-
+def select(sweeps: list[Sweep], only: str) -> list[Sweep]:
+    """The sweeps with only the runs whose names match one of `only`'s comma-separated globs (fnmatch, e.g.
+    `simulate_world-8_*`): a slice of one or more suites that fits a device call; a sweep left with no run is left
+    out. A glob that matches no run of any of them is an error."""
     globs = [g.strip() for g in only.split(",") if g.strip()]
     if not globs:
         raise ConfigError(f"--only {only!r}: give run-name globs, e.g. --only 'simulate_world-8_*' (--dry-run lists "
                           "the names)")
-    if unmatched := [g for g in globs if not any(fnmatch.fnmatchcase(r.name, g) for r in sweep.runs)]:
-        raise ConfigError(f"--only: {', '.join(unmatched)} match(es) no run of {sweep.name} (--dry-run lists its run "
-                          "names)")
-    runs = [r for r in sweep.runs if any(fnmatch.fnmatchcase(r.name, g) for g in globs)]
-    return dataclasses.replace(sweep, runs=runs, only=globs)
+    names = [r.name for sweep in sweeps for r in sweep.runs]
+    if unmatched := [g for g in globs if not fnmatch.filter(names, g)]:
+        raise ConfigError(f"--only: {', '.join(unmatched)} match(es) no run of {', '.join(s.name for s in sweeps)} "
+                          "(--dry-run lists the run names)")
+    out = [dataclasses.replace(sweep, runs=[r for r in sweep.runs if any(fnmatch.fnmatchcase(r.name, g)
+                                                                         for g in globs)], only=globs)
+           for sweep in sweeps]
+    return [sweep for sweep in out if sweep.runs]
