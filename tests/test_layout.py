@@ -3,6 +3,7 @@ flux_cp), no module imports itself around a circle, flux_cp's folders import eac
 module is one a reader holds in one sitting. Every import is counted, those inside functions too."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,45 @@ def test_scripts_hold_only_what_a_user_runs():
     readme = (ROOT / "tools" / "README.md").read_text()
     missing = [p.name for p in (ROOT / "tools").iterdir() if p.suffix in (".py", ".sh") and f"`{p.name}`" not in readme]
     assert not missing, f"tools/README.md has no line for {missing}"
+
+
+def _pages() -> list[Path]:
+    """The pages a reader follows links through: README.md, docs/'s pages (its folders' READMEs and dated pages, not
+    the raw material beside them: a call's report.md names figures that were not kept), tools/ and the suites'."""
+    docs = ROOT / "docs"
+    return [ROOT / "README.md", ROOT / "tools" / "README.md", ROOT / "configs" / "suites" / "README.md",
+            *docs.glob("*.md"), *docs.glob("*/*.md")]
+
+
+def _anchors(md: Path) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    out = set()
+    for line in md.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+def test_every_relative_link_of_the_pages_resolves():
+    bad = []
+    for md in _pages():
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", md.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            dest = (md.parent / target) if target else md
+            if not dest.exists():
+                bad.append(f"{md.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                bad.append(f"{md.relative_to(ROOT)}: {target}#{anchor} (no such heading)")
+    assert not bad, "links that lead nowhere: " + ", ".join(bad)
+
+
+def test_results_keeps_five_dated_pages_and_indexes_them():
+    """docs/results/ holds the newest five dated pages (older ones go to docs/archive/), each in its README."""
+    dated = sorted(p.stem for p in (ROOT / "docs" / "results").glob("20*.md"))
+    assert len(dated) <= 5, f"move the oldest of {dated} to docs/archive/"
+    index = (ROOT / "docs" / "results" / "README.md").read_text()
+    assert not [p for p in dated if f"]({p}.md)" not in index]
+    archive = (ROOT / "docs" / "archive" / "README.md").read_text()
+    assert not [p.stem for p in (ROOT / "docs" / "archive").glob("20*.md") if f"]({p.stem}.md)" not in archive]

@@ -120,10 +120,10 @@ def test_a_global_batch_over_data_parallel_groups_trains_as_one_process(single_p
 
 
 def test_the_decision_map_gives_each_cell_its_best_plan_and_plain_dp_beside_it(tmp_path):
-    """plan.py --map over the H100 cells (docs/results): one row a cell, the best plan, the runner-up and plain DP."""
+    """plan.py --map over the H100 cells (docs/archive): one row a cell, the best plan, the runner-up and plain DP."""
     from flux_cp.plan.decision_map import load_map, render_markdown
 
-    src = ROOT / "docs" / "results" / "2026-12-05-h100-plan-map"
+    src = ROOT / "docs" / "archive" / "2026-12-05-h100-plan-map"
     rows = load_map(src)
     assert [r["cell"] for r in rows] == ["S4608-B1-W1", "S4608-B1-W8", "S4608-B8-W8", "S65536-B1-W1",
                                          "S65536-B1-W8"]
