@@ -8,7 +8,7 @@
 #  5. the host axis suite (configs/suites/flux_host_axis.yaml). A part's time box *_S=0 leaves it out; TESTS_K,
 #     GRAPH_CELLS, GRAPH_BUILDS and GRAPH_ONLY change what parts 1 and 3 run; PROFILE_B the samples a profiled step.
 # $OUT/all.tgz holds everything (partial.tgz is refreshed every 20 s in case the call is cut).
-#   OUT=/some/dir tools/targets_gpu_call.sh
+#   OUT=/some/dir tools/device_step_graph_targets.sh
 set -u
 export WANDB_SILENT=true PYTHONUNBUFFERED=1
 log() { echo "== $(date -u +%FT%TZ) $*"; }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# What is built and not yet run on a GPU (2026-12-05: every start refused), in one device call, most valuable first,
+# Contention, the decision map's cells, Flux.1's depth and the host axis (first written 2026-12-05 for what was built
+# and not yet run on a GPU, as pending_gpu_call.sh), in one device call, most valuable first,
 # each part time-boxed: the GPU tests of the code that changed (the step's micro-batches, the bare loop's idle probe,
 # --contention), the contention micro-benchmark, the decision map's 4608-token cells, Flux.1's own depth, the host
 # axis, the 16384-token cells. $OUT/all.tgz holds everything (partial.tgz is kept fresh in case the call is cut).
-#   OUT=/some/dir tools/pending_gpu_call.sh
+#   OUT=/some/dir tools/device_contention_map_depth.sh
 set -u
 export WANDB_SILENT=true PYTHONUNBUFFERED=1
 log() { echo "== $(date -u +%FT%TZ) $*"; }

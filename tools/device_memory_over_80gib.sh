@@ -5,7 +5,7 @@
 #     beside them on the same GPU for the depth prediction;
 #  3. where TP's peak memory sits (tools/memory_peak.py), against the planner's estimate.
 # A part's time box *_S=0 leaves it out. $OUT/memory.tgz holds everything (partial refreshed every 20 s).
-#   OUT=/some/dir tools/h200_memory_call.sh
+#   OUT=/some/dir tools/device_memory_over_80gib.sh
 set -u
 export WANDB_SILENT=true PYTHONUNBUFFERED=1
 log() { echo "== $(date -u +%FT%TZ) $*"; }

@@ -8,7 +8,7 @@
 #     the process): whether the probe's host still waits on the device;
 #  5. eager cells of the decision map (MAP_CELLS).
 # A part's time box *_S=0 leaves it out. $OUT/all.tgz holds everything (partial.tgz is refreshed every 20 s in case the call is cut).
-#   OUT=/some/dir tools/host_gpu_call.sh
+#   OUT=/some/dir tools/device_host_overhead.sh
 set -u
 export WANDB_SILENT=true PYTHONUNBUFFERED=1
 log() { echo "== $(date -u +%FT%TZ) $*"; }
