@@ -4,9 +4,14 @@ wandb's start-up is bounded (`init_timeout`, env WANDB_INIT_TIMEOUT, default 20 
 network, the run goes on offline (its wandb run still saved under <output>/wandb, for `wandb sync` later). Any
 other wandb error (no API key, a dead wandb service) is reported in one line on rank 0; from then on the logger
 is a no-op and the run goes on.
+
+wandb's summary of a key is its last logged value: the measured keys' summary is summary.json's (the median, min, max
+and n: callbacks/timing.py wandb_summary), and the warm-up steps' keys (`warmup/...`), which summary.json does not
+hold, get theirs here from the rows logged (`warmup_summary`).
 """
 
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
@@ -25,6 +30,7 @@ class ResilientWandbLogger(WandbLogger):
         super().__init__(*args, settings=wandb_settings(), **kwargs)
         if self._wandb_init.get("anonymous") is None:  # wandb warns about the setting even when unset
             self._wandb_init.pop("anonymous", None)
+        self._warmup: dict[str, list[float]] = {}  # each warmup/ key's values, as logged
 
     def _fail(self, e: Exception) -> None:
         if self.failed is None:
@@ -58,11 +64,22 @@ class ResilientWandbLogger(WandbLogger):
         self._guard(super().log_hyperparams, params)
 
     def log_metrics(self, metrics, step=None) -> None:
+        for k, v in metrics.items():
+            if k.startswith("warmup/") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                self._warmup.setdefault(k, []).append(float(v))
         self._guard(super().log_metrics, metrics, step)
 
     def log_summary(self, values: dict) -> None:
         """Final figures of the run: wandb's run table and run comparison show the summary."""
-        self._guard(lambda: self.experiment.summary.update(values))
+        self._guard(lambda: self.experiment.summary.update(values | self.warmup_summary()))
+
+    def warmup_summary(self) -> dict:
+        """The warm-up steps' figures as the measured ones are summarised: each `warmup/` key's median over the
+        warm-up steps under its own name (not the last step's value, wandb's default), min, max and n beside it."""
+        out = {}
+        for k, vals in self._warmup.items():
+            out |= {k: statistics.median(vals), f"{k}/min": min(vals), f"{k}/max": max(vals), f"{k}/n": len(vals)}
+        return out
 
     def finalize(self, status: str) -> None:
         self._guard(super().finalize, status)

@@ -51,6 +51,25 @@ def test_warmup_steps_are_out_of_the_measured_series(offline_run):
     assert all("loss" in r for r in rows)  # the loss curve keeps every step
 
 
+def test_the_warmup_keys_summary_is_their_median_over_the_warmup_steps(offline_run):
+    """wandb keeps a key's last value as its summary: the warm-up keys' is their median over the warm-up steps (the
+    first step, compiling and allocating, is no more the summary than the last is), min, max and n beside it."""
+    import statistics
+
+    _, info, rows = offline_run
+    s = info["summary"]
+    keys = {k for r in rows for k in r if k.startswith("warmup/")}
+    assert "warmup/step_ms" in keys
+    for k in keys:
+        vals = [r[k] for r in rows if k in r]  # a figure of the loop around the step (data_ms) starts a step late
+        assert 1 <= len(vals) <= WARMUP, k
+        assert s[k] == pytest.approx(statistics.median(vals)), k
+        assert (s[f"{k}/min"], s[f"{k}/max"], s[f"{k}/n"]) == pytest.approx((min(vals), max(vals), len(vals))), k
+    step = [r["warmup/step_ms"] for r in rows if "warmup/step_ms" in r]
+    assert len(step) == WARMUP
+    assert s["warmup/step_ms"] != step[-1] or len(set(step)) == 1  # not the last warm-up step's
+
+
 def test_rows_carry_their_steps_own_time(offline_run):
     _, _, rows = offline_run
     t = [r["elapsed_s"] for r in rows]
