@@ -298,6 +298,49 @@ def test_a_resumed_sweep_keeps_what_sweep_json_recorded(tmp_path):
     assert fresh["exit_code"] is None and fresh["duration_s"] is None and fresh["finished"] is not None
 
 
+def test_every_attempt_keeps_its_exit_code_across_a_resume(tmp_path):
+    """A run killed by SIGTERM (exit -15), then run whole by the resume: sweep.json's `exit_code` is the latest
+    attempt's (0), and `attempts` keeps both, oldest first; a run done before the resume gains no attempt, and a
+    record from before `attempts` starts them from its exit code. The runs are stand-ins in this process."""
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"name: a\nconfig: {TINY}\nbase: {{accelerator: cpu, wandb_mode: disabled, devices: 1}}\n"
+                   "axes:\n  harness: [bare, lightning]\n")
+    out = tmp_path / "out"
+    outcomes = iter([(-15, False), (0, True), (0, True)])  # (exit code, summary complete) of each call, in order
+
+    def stand_in(argv):
+        rc, complete = next(outcomes)
+        dest = Path(argv[argv.index("--output") + 1])
+        (dest / "summary.json").write_text(json.dumps({"complete": complete}))
+        return rc
+
+    runner = Runner(load_sweep(cfg, str(out), cuda_available=False, gpu_count=0), in_process=stand_in)
+    assert runner.run() == 2  # the first run killed: the sweep stops there, the second left pending
+    first, second = json.loads((out / "sweep.json").read_text())["runs"]
+    assert (first["exit_code"], first["status"]) == (-15, "failed") and second["attempts"] == []
+    assert [(a["exit_code"], a["status"]) for a in first["attempts"]] == [(-15, "failed")]
+
+    runner = Runner(load_sweep(cfg, str(out), cuda_available=False, gpu_count=0), in_process=stand_in)
+    assert runner.run() == 0
+    index = json.loads((out / "sweep.json").read_text())
+    first, second = index["runs"]
+    assert index["status"] == "complete" and first["exit_code"] == 0 and first["status"] == "ok"
+    assert [(a["exit_code"], a["status"]) for a in first["attempts"]] == [(-15, "failed"), (0, "ok")]
+    assert all(a["finished"] for a in first["attempts"]) and first["finished"] == first["attempts"][-1]["finished"]
+    assert [(a["exit_code"], a["status"]) for a in second["attempts"]] == [(0, "ok")]
+
+    # resumed again: both done before, nothing runs, nothing is added; a record from before attempts gets its one
+    old = {**second, "attempts": None}
+    del old["attempts"]
+    index["runs"] = [first, old]
+    (out / "sweep.json").write_text(json.dumps(index))
+    runner = Runner(load_sweep(cfg, str(out), cuda_available=False, gpu_count=0), in_process=stand_in)
+    assert runner.run() == 0
+    first2, second2 = json.loads((out / "sweep.json").read_text())["runs"]
+    assert first2["attempts"] == first["attempts"]
+    assert second2["attempts"] == [{"exit_code": 0, "status": "ok", "finished": second["finished"]}]
+
+
 def test_only_runs_a_slice_and_the_index_keeps_the_other_slices(tmp_path):
     """--only: the runs whose names match its globs run, the others do not; a second slice into the same folder
     keeps the first slice's records, so one sweep.json lists both, complete; a glob that matches nothing is refused

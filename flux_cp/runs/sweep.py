@@ -3,9 +3,11 @@
 Each run is its own `scripts/train_bench.py` process group (Lightning launches its ranks) writing
 <output>/<run>/summary.json and train_bench.log. sweep.json has the sweep's `status` (running | interrupted |
 complete: every run ok | failed: some runs not) and `counts`, and lists every run: name, point, args, status
-(pending | ok | oom | failed | timeout), finished (when it ended), duration_s, output, error, shape, exit_code.
+(pending | ok | oom | failed | timeout), finished (when it ended), duration_s, output, error, shape, exit_code (the
+latest attempt's), and attempts: every time it ran, {exit_code, status, finished}, oldest first (a -15 from a first
+attempt killed by SIGTERM stays there after a resume ran it whole).
 A run whose summary.json is complete stays `ok` when the sweep is run again (resume), and is not run again; what
-sweep.json recorded of it (exit_code, finished, duration_s, ...) is kept.
+sweep.json recorded of it (exit_code, finished, duration_s, attempts, ...) is kept.
 On Ctrl-C (SIGINT) or SIGTERM the sweep stops the running run (SIGTERM to its process group, which writes its
 summary.json; SIGKILL after STOP_GRACE_S), records it, and leaves the rest pending: running it again resumes.
 """
@@ -101,10 +103,19 @@ class Runner:
 
     def _record(self, run: Run, prior: dict | None) -> dict:
         rec = {"name": run.name, "point": run.point, "args": run.args, "status": "pending", "finished": None,
-               "duration_s": None, "output": str(run.output), "error": None, "shape": run.shape, "exit_code": None}
+               "duration_s": None, "output": str(run.output), "error": None, "shape": run.shape, "exit_code": None,
+               "attempts": []}
         if prior and prior.get("args") == run.args:  # same run as last time: keep everything it recorded
             rec.update({k: v for k, v in prior.items() if k not in SWEEP_DEFINES})
+            if "attempts" not in prior and prior.get("exit_code") is not None:  # a sweep.json from before attempts
+                rec["attempts"] = [{k: prior.get(k) for k in ("exit_code", "status", "finished")}]
         return rec
+
+    @staticmethod
+    def _ended(rec: dict, **fields) -> None:
+        """A run's attempt ended: its record takes the attempt's fields, and the attempt joins its attempts."""
+        rec.update(fields)
+        rec["attempts"] = [*(rec.get("attempts") or []), {k: rec[k] for k in ("exit_code", "status", "finished")}]
 
     def status(self, running: bool) -> str:
         if self.stop_signal is not None:
@@ -200,8 +211,8 @@ class Runner:
                                                else "")
         if guard_fired:
             error = f"no progress for {self.guard_s:.0f} s: run killed by the sweep"
-        rec.update(status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2), error=error,
-                   exit_code=proc.returncode)
+        self._ended(rec, status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2),
+                    error=error, exit_code=proc.returncode)
 
     def _execute_here(self, run: Run, rec: dict) -> None:
         """One run in this process (in_process), its output to its train_bench.log; state a run leaves behind (the
@@ -246,8 +257,8 @@ class Runner:
             # with the run, named by the signal it took
             self.stop_signal = self.stop_signal or (signal.SIGTERM if "SIGTERM" in (error or "") else signal.SIGINT)
             error = self.interrupted_line()
-        rec.update(status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2),
-                   error=error, exit_code=rc)
+        self._ended(rec, status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2),
+                    error=error, exit_code=rc)
         if status != "ok" and CUDA_STATE_LOST.search(rec["error"] or ""):
             self.in_process = None
             self._log(f"sweep: {run.name} left this process's CUDA state unusable: the remaining runs each in their "
