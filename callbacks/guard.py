@@ -2,7 +2,8 @@
 
 - tells the stall watchdog (flux_cp.runs.failures.Watchdog) at every step boundary that steps progress, and
   where this rank's heartbeat goes (the run's folder: which rank stalled or died, flux_cp.runs.failures.culprit);
-- turns SIGTERM into a `Terminated` (a KeyboardInterrupt) in the main thread, so that it takes
+- without the command line's stop guard (flux_cp/runs/interrupt.py; e.g. a sweep's in-process runs), turns SIGTERM
+  into a `Terminated` (a KeyboardInterrupt) in the main thread, so that it takes
   Lightning's Ctrl-C path: on_exception (summary.json flushed, `complete: false`), then the other
   ranks are killed. Lightning's own SIGTERM handler is replaced: it broadcasts inside the signal
   handler, which deadlocks against a rank waiting in another collective until the process-group
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
+from flux_cp.runs import interrupt
 from flux_cp.runs.failures import HEARTBEAT, Terminated, Watchdog
 
 
@@ -28,7 +30,8 @@ class GuardCallback(Callback):
         self.out = out
 
     def on_train_start(self, trainer, pl_module):  # after Lightning registered its signal handlers
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        # the command line's stop guard (flux_cp/runs/interrupt.py) acts from its own thread: its handler back in place
+        signal.signal(signal.SIGTERM, interrupt.handler() if interrupt.active() else _raise_terminated)
         if self.out is not None:
             self.watchdog.heartbeat = Path(self.out) / HEARTBEAT.format(trainer.global_rank)
         self.watchdog.beat()

@@ -123,6 +123,8 @@ class OpTimingCallback(Callback):
         self._ended: dict | None = None  # the last step closed: its loop period runs until the next step starts
         self._gc = GcClock()  # Python's collections: gc_ms, the part of a step's loop_ms spent in them
         self.twin = None  # callbacks/twin.py's BareTwinCallback, when --interleave-bare is on
+        self._trainer = None  # for the stop thread (stopped), from on_train_start
+        self._stopping = False  # the stop thread is recording: nothing goes to the logger any more
 
     def step_kind(self, batch_idx: int, cuda: bool, instruments: bool) -> str:
         """instruments: the run has op regions (--timing) or a ledger; they run in warm-up and "timed" steps."""
@@ -137,6 +139,7 @@ class OpTimingCallback(Callback):
 
     def on_train_start(self, trainer, pl_module):  # after the module's on_fit_start built the strategy
         # the backend the strategy actually uses (`auto` can be pinned, e.g. flash under torch CP)
+        self._trainer = trainer
         self.summary.header["sdpa_backend"] = pl_module.step.strategy.sdpa_backend
         self.summary.header["sdpa_kernel"] = pl_module.step.sdpa_kernel  # what that setting ran
         self.summary.header["optimizer_params"] = pl_module.optimizer_params  # this rank's share under ZeRO
@@ -238,7 +241,7 @@ class OpTimingCallback(Callback):
             self.summary.add_comm(batch_idx, kind, step_ms, comm)
         if trainer.global_rank != self.report_rank:
             return
-        if trainer.logger is not None:
+        if trainer.logger is not None and not self._stopping:
             row = self._row(trainer.world_size, batch_idx, kind, step_ms, loss, local, keys, vmax, vmin)
             trainer.logger.log_metrics(row, step=batch_idx)
         # Written at every step out of the statistics, then at most every flush_every_s: a write (JSON + fsync) in
@@ -334,6 +337,22 @@ class OpTimingCallback(Callback):
             while self._read:
                 self._ingest(trainer, *self._read.pop(0), collective=False)
         self.record_failure(trainer.global_rank, exception)
+
+    def stopped(self, rank: int, signum: int) -> None:
+        """The stop thread (flux_cp/runs/interrupt.py), in the reporting rank: the steps read so far as this rank's
+        own (no gather: the other ranks are being ended; none to the logger: its service may be gone too), then the
+        run recorded as interrupted, `complete: false`."""
+        import signal
+
+        from flux_cp.runs.failures import Terminated
+
+        self._stopping = True
+        self._remove_gc_hook()
+        if self._trainer is not None:
+            while self._read:
+                self._ingest(self._trainer, *self._read.pop(0), collective=False)
+        name = signal.Signals(signum).name
+        self.record_failure(rank, Terminated(name) if signum == signal.SIGTERM else KeyboardInterrupt(name))
 
     def record_failure(self, rank: int, exception: BaseException, at: float | None = None):
         """Any rank: its error (kind, failing shape) next to the steps measured so far, `complete: false`."""

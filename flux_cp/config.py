@@ -203,7 +203,8 @@ class BenchConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=RunConfig)
-    config_file: str | None = None
+    config_file: str | None = None  # the model's config: the first --config, or the machine's default
+    config_overlays: list[str] = field(default_factory=list)  # recipes (no model: settings) laid over the default
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -318,19 +319,44 @@ def _why_default(config_file: str) -> str:
 
 
 def parse_config(argv: list[str] | None = None, *, cuda_available: bool | None = None) -> BenchConfig:
-    """Parse argv into a BenchConfig. Without --config: the Flux config on a GPU machine, else tiny."""
+    """Parse argv into a BenchConfig. Without --config: the Flux config on a GPU machine, else tiny. A --config that
+    names no model (a recipe: settings only) is laid over that machine default, so it runs where it is given."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if cuda_available is None:
         import torch
 
         cuda_available = torch.cuda.is_available()
-    config_file = _find_config(argv)
+    default = str(GPU_DEFAULT if cuda_available else CPU_DEFAULT)
+    files = _find_configs(argv)
     if "-h" in argv or "--help" in argv:  # prints help with the defaults that apply here, exits 0
-        shown = config_file if config_file and Path(config_file).is_file() else None
-        _parser(shown or str(GPU_DEFAULT if cuda_available else CPU_DEFAULT)).parse_args(["--help"])
-    if config_file is None:
-        config_file = str(GPU_DEFAULT if cuda_available else CPU_DEFAULT)
-        argv = ["--config", config_file, *argv]
+        shown = files[0] if files and Path(files[0]).is_file() else None
+        _parser(shown or default).parse_args(["--help"])
+    texts = {f: _read_config(f) for f in files}
+    overlays = []
+    if not any(_names_model(t) for t in texts.values()):  # none (or only recipes): the machine's default model first
+        overlays = files
+        files = [default, *files]
+        argv = ["--config", default, *argv]
+    config_file = files[0]
+    parser = _parser()
+    try:
+        ns = parser.parse_args(argv)
+    except (argparse.ArgumentError, SystemExit) as e:
+        if isinstance(e, SystemExit) and not e.code:  # --print-config printed, as asked
+            raise
+        msg = _one_line(str(e))
+        if "accept" in msg or "parsing config" in msg:  # the YAML file, not a flag, is at fault
+            msg = f"--config {' --config '.join(overlays or files)}: {msg}"
+        raise ConfigError(msg) from None
+    d = ns.as_dict()
+    d.pop("config", None)
+    model = ModelConfig(**d.pop("model"))
+    data = DataConfig(**d.pop("data"))
+    run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig)})
+    return BenchConfig(model=model, data=data, run=run, config_file=config_file, config_overlays=overlays)
+
+
+def _read_config(config_file: str) -> str:
     path = Path(config_file)
     if not path.is_file():
         raise ConfigError(f"--config {config_file}: file not found (choose one of {CONFIG_DIR}/*.yaml)")
@@ -341,22 +367,18 @@ def parse_config(argv: list[str] | None = None, *, cuda_available: bool | None =
     if _is_sweep(text):
         raise ConfigError(f"--config {config_file}: a sweep file (a grid of runs), not a run's settings: run "
                           f"python scripts/sweep.py {config_file}")
-    parser = _parser()
+    return text
+
+
+def _names_model(text: str) -> bool:
+    """The YAML sets model dimensions (a model config), not run settings alone (a recipe)."""
+    import yaml
+
     try:
-        ns = parser.parse_args(argv)
-    except (argparse.ArgumentError, SystemExit) as e:
-        if isinstance(e, SystemExit) and not e.code:  # --print-config printed, as asked
-            raise
-        msg = _one_line(str(e))
-        if "accept" in msg or "parsing config" in msg:  # the YAML file, not a flag, is at fault
-            msg = f"--config {config_file}: {msg}"
-        raise ConfigError(msg) from None
-    d = ns.as_dict()
-    d.pop("config", None)
-    model = ModelConfig(**d.pop("model"))
-    data = DataConfig(**d.pop("data"))
-    run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig)})
-    return BenchConfig(model=model, data=data, run=run, config_file=str(path))
+        d = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return True  # the parser names the fault, with this file first
+    return isinstance(d, dict) and isinstance(d.get("model"), dict)
 
 
 def _is_sweep(text: str) -> bool:
@@ -370,13 +392,15 @@ def _is_sweep(text: str) -> bool:
     return isinstance(d, dict) and ("axes" in d or "include" in d) and not {"model", "data"} & set(d)
 
 
-def _find_config(argv: list[str]) -> str | None:
+def _find_configs(argv: list[str]) -> list[str]:
+    """Every --config given, in order ("" for one without its value)."""
+    found = []
     for i, a in enumerate(argv):
         if a == "--config":
-            return argv[i + 1] if i + 1 < len(argv) else ""
-        if a.startswith("--config="):
-            return a.split("=", 1)[1]
-    return None
+            found.append(argv[i + 1] if i + 1 < len(argv) else "")
+        elif a.startswith("--config="):
+            found.append(a.split("=", 1)[1])
+    return found
 
 
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false"}

@@ -11,10 +11,14 @@ needs --overwrite, flux_cp/runs/outputs.py) and, unless --wandb-mode disabled, a
 """
 
 import os
+import signal
 import sys
 import time
 import warnings
 from pathlib import Path
+
+if __name__ == "__main__":  # a Ctrl-C while importing ends quietly; main() then installs the run's own stop guard
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -43,6 +47,11 @@ def quiet() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     quiet()
+    guard = None
+    if argv is None:  # the command line: the first Ctrl-C or SIGTERM ends the run within seconds, wherever it is
+        from flux_cp.runs.interrupt import install
+
+        guard = install(launcher=is_launcher_process())
     import torch
 
     from flux_cp.measure.timing import deepen_launch_queue
@@ -57,19 +66,45 @@ def main(argv: list[str] | None = None) -> int:
         claimer = is_launcher_process() and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
         mode = "ops" if cfg.run.ops_only else "train"
         cfg.run.output = run_dir(cfg.run.output, run_name(cfg, mode), cfg.run.overwrite, claimer)
+        if guard is not None and claimer:
+            from flux_cp.runs.outputs import release_claim
+
+            guard.add(lambda signum: release_claim(Path(cfg.run.output)), final=True)
     except ConfigError as e:
         print(f"train_bench.py: error: {e}", file=sys.stderr)
         return 2
     if is_launcher_process() and cfg.run.warmup_steps == 0 and not cfg.run.ops_only:
         print("train_bench.py: warning: --warmup-steps 0: the first step (allocations, kernel choice, caches; often "
               "10x a steady one) is measured", file=sys.stderr)
-    if is_launcher_process() and not any(a == "--config" or a.startswith("--config=") for a in given):
+    if is_launcher_process() and (cfg.config_overlays or not any(a.startswith("--config") for a in given)):
         where = "a GPU is visible" if cfg.run.accelerator == "gpu" else "no GPU found: a tiny CPU config"
-        print(f"train_bench.py: {where}, using {cfg.config_file} (choose with --config)", file=sys.stderr)
+        over = f"{', '.join(cfg.config_overlays)} names no model: laid over " if cfg.config_overlays else "using "
+        print(f"train_bench.py: {over}{cfg.config_file} ({where}; a model config first chooses another: "
+              f"--config configs/flux_4608.yaml{' --config ' + cfg.config_overlays[0] if cfg.config_overlays else ''})",
+              file=sys.stderr)
+    if is_launcher_process() and cfg.run.accelerator == "cpu" and not cfg.run.ops_only:
+        warn_long_cpu_step(cfg)
     from flux_cp.measure.host_load import slowed_host
 
     with slowed_host(cfg.run.host_slowdown):
         return _run(cfg, given)
+
+
+def warn_long_cpu_step(cfg) -> None:
+    """A step this CPU would take minutes over (Flux's dims, say) is announced before the run starts, with what fits."""
+    from flux_cp.data import DTYPES
+    from flux_cp.measure.flops import CPU_STEP_WARN_S, cpu_rate, cpu_step_estimate_s
+
+    run = cfg.run
+    samples = cfg.data.batch_size * run.dp
+    if run.simulate_world:  # this process trains one rank's share of the job
+        samples /= run.world_size
+    est = cpu_step_estimate_s(cfg, samples, cpu_rate(DTYPES[run.precision]))
+    if est > CPU_STEP_WARN_S:
+        print(f"train_bench.py: warning: a step of this model ({cfg.data.seq_len} tokens, hidden {cfg.model.hidden}, "
+              f"{cfg.model.double_blocks} + {cfg.model.single_blocks} blocks) takes at least ~{est / 60:.0f} min on "
+              f"this CPU ({run.warmup_steps + run.steps} steps): the CPU's model is --config configs/tiny.yaml "
+              "(seconds a run); Flux's dims are for a GPU", file=sys.stderr)
 
 
 def _run(cfg, given: list[str]) -> int:
@@ -116,6 +151,7 @@ def train(cfg) -> int:
         kill_tree,
         out_of_space,
     )
+    from flux_cp.runs.interrupt import active as active_guard
     from flux_cp.runs.results import (
         ERROR_FILE_PREFIX,
         filter_keys,
@@ -134,6 +170,14 @@ def train(cfg) -> int:
     # at: when this rank stalled, if it stalled outside torch (the rank the others waited for: its error comes first)
     watchdog = Watchdog(run.timeout_s, on_fire=lambda exc, at: timing.record_failure(trainer.global_rank, exc, at))
     watchdog.start()
+    if (guard := active_guard()) is not None:  # stopped by a signal: what was measured, and no rank or heartbeat left
+        def on_stop(signum):  # in the launcher, which is the reporting rank (global rank 0, or the simulated rank)
+            watchdog.stop()
+            timing.stopped(timing.report_rank, signum)
+            for f in out.glob(HEARTBEAT.format("*")):
+                f.unlink(missing_ok=True)
+
+        guard.add(on_stop)
 
     module = FluxCPModule(cfg)
     plugins = []

@@ -70,3 +70,27 @@ def throughput(step_ms: float | None, world: int, samples: int, seq_len: int, fw
     if peak:
         out["throughput/device/mfu"] = flops / s / world / peak
     return out
+
+
+CPU_STEP_WARN_S = 60.0  # a CPU run whose step is estimated past this says so before it starts
+
+
+def cpu_rate(dtype, n: int = 384, reps: int = 3) -> float:
+    """This host's matmul rate (FLOP/s, all of torch's threads) in dtype: the best of a few n^3 products (~10 ms)."""
+    import time
+
+    import torch
+
+    a = torch.randn(n, n, dtype=dtype)
+    best = float("inf")
+    for _ in range(reps + 1):  # the first warms the kernels
+        t = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def cpu_step_estimate_s(cfg, samples: int, rate: float) -> float:
+    """Seconds a training step of `samples` samples takes on this CPU at `rate` FLOP/s: model FLOPs alone (the
+    elementwise work and the overheads add to it), so an estimate from below."""
+    return 3.0 * model_flops(cfg.model, cfg.data)["total"] * samples / rate

@@ -3,7 +3,7 @@
     runs/<run_name>/<UTC time>/      default: one per run (torchtitan's timestamped dumps); `runs/<run_name>/latest`
                                      points at the newest. Launched by torchrun / SLURM: the job id instead of the time.
     --output DIR                     as given; refused (exit 2, before any rank starts) while another live run holds
-                                     its lock, when it holds a complete run (unless --overwrite), or when it cannot
+                                     its lock, when it holds a run, complete or not (unless --overwrite), or when it cannot
                                      be written.
 
 The launcher process claims the folder (lock file with its pid), before Lightning starts the other ranks, which
@@ -76,9 +76,9 @@ def claim(output: str | None, name: str, overwrite: bool) -> Path:
         raise ConfigError(f"{flag}: a live run (pid {owner['pid']}, since {owner['since']}) writes there: wait for it, "
                           "or pick another --output")
     summary = out / "summary.json"
-    if not overwrite and _complete(summary):
-        raise ConfigError(f"{flag}: holds a complete run (its summary.json); add --overwrite to replace it, or "
-                          "leave --output out for a new folder")
+    if not overwrite and (held := _held(summary)):  # an interrupted or failed run's record is kept as well
+        raise ConfigError(f"{flag}: holds {held} (its summary.json); add --overwrite to replace it, or leave "
+                          "--output out for a new folder")
     me = psutil.Process()
     record = {"pid": me.pid, "started": me.create_time(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
     tmp = out / f".{LOCK}.{me.pid}"
@@ -99,11 +99,17 @@ def claim(output: str | None, name: str, overwrite: bool) -> Path:
     return out
 
 
-def _complete(summary: Path) -> bool:
+def _held(summary: Path) -> str | None:
+    """What the folder's summary.json records: "a complete run", "an incomplete run (interrupted)", or None."""
     try:
-        return bool(json.loads(summary.read_text()).get("complete"))
-    except (OSError, ValueError, AttributeError):
-        return False
+        d = json.loads(summary.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return "an unreadable run record"
+    if not isinstance(d, dict):
+        return "an unreadable run record"
+    return "a complete run" if d.get("complete") else f"an incomplete run ({d.get('error_kind') or 'unfinished'})"
 
 
 def _point_latest(out: Path) -> None:
@@ -121,6 +127,11 @@ def release(lock: Path, pid: int) -> None:
     owner = _owner(lock)
     if owner is not None and owner["pid"] == pid:
         lock.unlink(missing_ok=True)
+
+
+def release_claim(out: Path) -> None:
+    """This process's lock on out, released now (a run stopped by a signal exits without its atexit hooks)."""
+    release(out / LOCK, os.getpid())
 
 
 def run_dir(output: str | None, name: str, overwrite: bool, claimer: bool) -> str:

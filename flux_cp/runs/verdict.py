@@ -10,6 +10,7 @@ harness (Lightning or the bare loop) when there is one, else in the other, which
 
 import json
 import os
+import re
 from pathlib import Path
 
 from flux_cp.config import CPU_DEFAULT, GPU_DEFAULT
@@ -33,6 +34,13 @@ def _steady(b: dict) -> bool:
     return m["min"] > 0 and m["max"] / m["min"] <= UNSTEADY
 
 
+def _named_for_other_w(folder: Path) -> bool:
+    """The folder (or its parent) is named for a run at another W (runs/train-W2-.../<time>): a W=1 run written
+    there with --output is not what its name says, so it is no one's baseline."""
+    return any((m := re.match(r"(?:train|ops)-W(\d+)", part)) and int(m[1]) != 1
+               for part in (folder.name, folder.parent.name))
+
+
 def find_baseline(d: dict, roots: list[Path]) -> tuple[Path, dict] | None:
     """The newest baseline of d's harness, else the newest of the other (the harness's cost is in every step);
     a steady one (slowest step within UNSTEADY x the fastest) before any unsteady one, e.g. a cold machine's."""
@@ -44,7 +52,7 @@ def find_baseline(d: dict, roots: list[Path]) -> tuple[Path, dict] | None:
             try:
                 b = json.loads(p.read_text())
                 ok = b.get("complete") and b.get("mode") == "train" and world(b) == 1 and b["cp"] == "none"
-                ok = ok and not (b.get("simulate") or b.get("simulate_world"))
+                ok = ok and not (b.get("simulate") or b.get("simulate_world")) and not _named_for_other_w(p.parent)
                 if ok and _key(b) == _key(d) and "step_ms" in b["metrics"]:
                     rank, h = (_steady(b), p.stat().st_mtime), harness(b)
                     if h not in best or rank > best[h][:2]:
@@ -72,12 +80,11 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
         line += (f"; {_ms(step)} ms with its collectives priced with {ranked['link']} "
                  f"({ranked['tokens_per_s_per_gpu']:,.0f} tokens/s a GPU"
                  + (f", MFU {ranked['mfu']:.0%})" if ranked.get("mfu") is not None else ")"))
-    cf = d["config"].get("config_file")
-    if cf and Path(cf).resolve() not in (CPU_DEFAULT, GPU_DEFAULT):  # else: the default here, left out
-        rel = os.path.relpath(cf)
-        flags = f" --config {cf if rel.startswith('..') else rel}"
-    else:
-        flags = ""
+    flags = ""
+    for i, cf in enumerate([d["config"].get("config_file"), *d["config"].get("config_overlays", [])]):
+        if cf and (i or Path(cf).resolve() not in (CPU_DEFAULT, GPU_DEFAULT)):  # the default model: left out
+            rel = os.path.relpath(cf)
+            flags += f" --config {cf if rel.startswith('..') else rel}"
     if harness(d) == "bare":  # the next runs in the same loop, to be compared with this one
         flags += " --harness bare"
     if w == 1 and d["cp"] == "none":

@@ -42,6 +42,7 @@ from flux_cp.model import num_params
 from flux_cp.parallel.fake_group import allreduce_hook, init_fake_world
 from flux_cp.parallel.mesh import build_mesh, build_optimizer, full_grads, full_params, optimizer_numel, shard_weights
 from flux_cp.parallel.tp import ignore_in_ddp, shard_model
+from flux_cp.runs import interrupt
 from flux_cp.runs.failures import EXIT_CODES, error_kind, error_line, error_trace, kill_tree
 from flux_cp.runs.results import (
     RunSummary,
@@ -165,6 +166,9 @@ def _run(cfg: BenchConfig, report) -> int:
         spin_cycles_per_ms()  # calibrated (it synchronises) before any step, not inside the first probe
         summary.header["probe_hold_ms"] = []
     host_ms = 0.0
+    shape = {"seq_len": data.seq_len, "batch": data.batch_size, "world": run.world_size}
+    if (guard := interrupt.active()) is not None:  # stopped by a signal (the launcher, the reporting rank, runs this)
+        guard.add(lambda signum: _stopped(summary, timer, records, run, rank, shape, signum))
     try:
         with default_dtype(dtype):  # as Lightning's precision plugin around training_step
             for i, batch in enumerate(batches):
@@ -195,8 +199,7 @@ def _run(cfg: BenchConfig, report) -> int:
             _add_steps(summary, timer, records, None, run)
         except Exception:  # a step that cannot be read (e.g. after a CUDA error): the earlier ones are in
             pass
-        summary.record_error(rank, error_line(e), error_kind(e), {"seq_len": data.seq_len, "batch": data.batch_size,
-                                                                  "world": run.world_size}, trace=error_trace(e))
+        summary.record_error(rank, error_line(e), error_kind(e), shape, trace=error_trace(e))
         raise
     _add_steps(summary, timer, records, gloo, run)
     step.close()
@@ -218,6 +221,15 @@ def _ledger_step(i: int, run) -> bool:
     """Whether step i records the ledger: warm-up steps (a CUDA graph's capture among them) and the instrumented
     measured steps, as the Lightning run's "timed" steps; the others are plain (flux_cp/measure/ledger.py: why)."""
     return i < run.warmup_steps or instrumented(i - run.warmup_steps, run.regions_every)
+
+
+def _stopped(summary, timer, records, run, rank: int, shape: dict, signum: int) -> None:
+    """The stop thread (flux_cp/runs/interrupt.py): the steps so far (this rank's: no gather), complete: false."""
+    import signal
+
+    with contextlib.suppress(Exception):  # a step that cannot be read: the summary keeps the earlier ones
+        _add_steps(summary, timer, list(records), None, run)
+    summary.record_error(rank, f"{signal.Signals(signum).name}: stopped", "interrupted", shape)
 
 
 def _add_steps(summary: RunSummary, timer: StepTimer, records: list[dict], gloo, run) -> None:
