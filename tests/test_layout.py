@@ -152,3 +152,13 @@ def test_results_keeps_five_dated_pages_and_indexes_them():
     assert not [p for p in dated if f"]({p}.md)" not in index]
     archive = (ROOT / "docs" / "archive" / "README.md").read_text()
     assert not [p.stem for p in (ROOT / "docs" / "archive").glob("20*.md") if f"]({p.stem}.md)" not in archive]
+
+
+def test_the_readme_answers_in_forty_lines_and_explains_its_terms():
+    """README.md's answer (everything before Quick start) fits 40 lines, and explains its terms where it first uses
+    them (in italics there): a simulated rank, priced collectives, a lease."""
+    answer = (ROOT / "README.md").read_text().partition("## Quick start")[0]
+    assert len(answer.splitlines()) <= 40
+    for word in ("simulated rank", "priced", "lease"):
+        first = answer.lower().find(word)
+        assert first > 0 and answer[first - 1] == "*", f"{word!r}: used before it is explained, or not at all"
