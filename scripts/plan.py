@@ -13,35 +13,30 @@ its step as scripts/report.py does. W >= 2 figures are therefore a simulated ran
 W-GPU job. Writes <output>/plan.json (`plans`: every row, ranked) and <output>/<plan>/summary.json per run.
 """
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from flux_cp.config import ConfigError, parse_config  # noqa: E402
+from flux_cp.plan.cli import Parser, at_least, check_folder, first_sentences, items, load_link, positive  # noqa: E402
 from flux_cp.runs.failures import EXIT_CONFIG  # noqa: E402
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        print(f"plan.py: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
+DEFAULT_ROOT = Path("plans")  # git-ignored: a plan's runs are measurements of this machine, not sources
 
 
-def main(argv: list[str] | None = None) -> int:
-    from flux_cp.measure.timing import deepen_launch_queue
-
-    deepen_launch_queue()  # before CUDA starts (in-process runs share its context): the idle probe must not stall
-    p = _Parser(prog="plan.py", description=__doc__.splitlines()[0])
+def parser() -> Parser:
+    p = Parser(prog="plan.py", description=first_sentences(__doc__))
     p.add_argument("--config", default=None, help="model config (default: configs/flux_4608.yaml on a GPU, "
                    "configs/tiny.yaml without one)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens a sample, image + text (default: the config's)")
-    p.add_argument("--global-batch", type=int, help="samples an optimizer step, over all GPUs (required)")
-    p.add_argument("--world", type=int, help="GPUs (W) (required)")
+    p.add_argument("--seq-len", type=at_least(1), default=None,
+                   help="tokens a sample, image + text (default: the config's)")
+    p.add_argument("--global-batch", type=at_least(1), help="samples an optimizer step, over all GPUs (required)")
+    p.add_argument("--world", type=at_least(1), help="GPUs (W) (required)")
     p.add_argument("--cells", default=None, metavar="S:B:W ...", help="several cells (sequence length, global "
                    "batch, GPUs), space-separated, run one after another in this process (imports and the CUDA "
                    "context once): each into <output>/S<S>-B<B>-W<W>/, then the decision map of them all")
@@ -54,16 +49,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, metavar="PLAN,...", help="run only these plans (names as the table "
                    "gives them, e.g. dp8-zero2-eager; with --cells, each cell runs those it has); the others are "
                    "listed as left out")
-    p.add_argument("--memory-gib", type=float, default=None,
-                   help="a GPU's memory (default: this GPU's; none on the CPU): plans estimated above it are pruned")
-    p.add_argument("--link", default="h200-nvlink4", help="link profile the collectives are priced with")
-    p.add_argument("--steps", type=int, default=12, help="measured steps a plan")
-    p.add_argument("--warmup-steps", type=int, default=4, help="warm-up steps a plan (graph builds: at least 12)")
-    p.add_argument("--output", type=Path, default=None, help="default: plans/<cell>-<time>")
+    p.add_argument("--memory-gib", type=positive("GiB"), default=None,
+                   help="a GPU's memory (default: this GPU's; none on the CPU): plans estimated above it are left out, "
+                   "plans measured above it are listed as over memory")
+    p.add_argument("--link", default="h200-nvlink4", help="link profile the collectives are priced with (a "
+                   "configs/links name or a YAML file)")
+    p.add_argument("--steps", type=at_least(1), default=12, help="measured steps a plan")
+    p.add_argument("--warmup-steps", type=at_least(0), default=4,
+                   help="warm-up steps a plan (graph builds: at least 12)")
+    p.add_argument("--output", type=Path, default=None, help="the plan's folder (default: plans/<cell>-<time>, "
+                   "git-ignored)")
     p.add_argument("--dry-run", action="store_true", help="list the plans and why some are left out; run nothing")
     p.add_argument("--map", type=Path, default=None, metavar="DIR", help="run nothing: the decision map of the "
                    "cells' plan.json files under DIR (the best plan, runner-up and plain DP a cell) -> DIR/map.md, "
                    "map.json, map.png")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from flux_cp.measure.timing import deepen_launch_queue
+
+    deepen_launch_queue()  # before CUDA starts (in-process runs share its context): the idle probe must not stall
+    p = parser()
     a = p.parse_args(argv)
     if a.map is not None:
         return _map(a.map)
@@ -76,50 +83,101 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from flux_cp.plan.plans import CP_KINDS, WEIGHTS, enumerate_plans
-    from flux_cp.predict import links
 
     console = Console(stderr=True)
     cuda = torch.cuda.is_available()
-    try:
-        if a.cells is None and (a.world < 1 or a.global_batch < 1):
-            raise ConfigError(f"--world {a.world} --global-batch {a.global_batch}: both must be >= 1")
+    try:  # every check before anything is written or run: one line, exit 2
         cells = _cells(a.cells) if a.cells is not None else [(a.seq_len, a.global_batch, a.world)]
-        builds = tuple(a.builds.split(","))
+        builds = tuple(items("--builds", a.builds))
         if bad := [b for b in builds if b not in ("eager", "graph")]:
-            raise ConfigError(f"--builds {a.builds}: {', '.join(bad)} unknown (eager, graph)")
+            raise ConfigError(f"--builds {a.builds}: {', '.join(bad)} unknown (choose from eager, graph)")
         if "graph" in builds and not cuda:
             raise ConfigError(f"--builds {a.builds}: the step graph needs a GPU (use --builds eager here)")
-        cps = tuple(a.cp.split(",")) if a.cp else CP_KINDS
-        weights = tuple(a.weights.split(","))
-        if bad := [c for c in cps if c not in CP_KINDS] + [w for w in weights if w not in WEIGHTS]:
-            raise ConfigError(f"--cp/--weights: {', '.join(bad)} unknown (cp: {', '.join(CP_KINDS)}; weights: "
-                              f"{', '.join(WEIGHTS)})")
+        cps = tuple(items("--cp", a.cp)) if a.cp is not None else CP_KINDS
+        if bad := [c for c in cps if c not in CP_KINDS]:
+            raise ConfigError(f"--cp {a.cp}: {', '.join(bad)} unknown (choose from {', '.join(CP_KINDS)})")
+        weights = tuple(items("--weights", a.weights))
+        if bad := [w for w in weights if w not in WEIGHTS]:
+            raise ConfigError(f"--weights {a.weights}: {', '.join(bad)} unknown (choose from {', '.join(WEIGHTS)})")
+        only = set(items("--only", a.only)) if a.only is not None else None
+        a.cps, a.weight_modes = cps, weights
         base = (["--config", a.config] if a.config else []) + ["--steps", str(a.steps), "--warmup-steps",
                                                                str(a.warmup_steps), "--wandb-mode", "disabled"]
         cfg = parse_config(base, cuda_available=cuda)
         mem = a.memory_gib if a.memory_gib is not None else (
             torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None)
-        link = links.load_any(a.link)
-        cells = [(S or cfg.data.seq_len, B, W) for S, B, W in cells]
+        link = load_link("--link", a.link)
+        cells = [(S if S is not None else cfg.data.seq_len, B, W) for S, B, W in cells]
         # every cell's plans before any runs: a bad cell is refused before the first plan's minutes go
         planned = [(S, B, W, enumerate_plans(cfg, S, B, W, builds=builds, cps=cps, weights=weights,
                                              memory_gib_limit=mem, on_gpu=cuda)) for S, B, W in cells]
-        # --only over --cells: each cell runs the named plans it has; a name no cell has is refused up front
-        if a.only and (unknown := set(a.only.split(",")) - {q.name for *_, ps in planned for q in ps}):
-            where = f"S{cells[0][0]}-B{cells[0][1]}-W{cells[0][2]}" if len(cells) == 1 else "any cell"
-            raise ConfigError(f"--only {', '.join(sorted(unknown))}: no such plan in {where} (--dry-run lists them)")
+        _select(only, planned, a.cells is not None)
+        if not a.dry_run:
+            for S, B, W, plans in planned:
+                _runnable(plans, f"--cells {S}:{B}:{W}" if a.cells is not None else
+                          f"--seq-len {S} --global-batch {B} --world {W}")
+        root = a.output or DEFAULT_ROOT / (f"map-{time.strftime('%Y%m%d-%H%M%S')}" if a.cells is not None else
+                                           f"S{cells[0][0]}-B{cells[0][1]}-W{cells[0][2]}-"
+                                           f"{time.strftime('%Y%m%d-%H%M%S')}")
+        check_folder("--output", root)
+        for S, B, W, _ in planned:
+            _other_plan("--output", root / f"S{S}-B{B}-W{W}" if a.cells is not None else root, f"S{S}-B{B}-W{W}")
     except ConfigError as e:
         print(f"plan.py: error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if a.cells is None:
         S, B, W, plans = planned[0]
-        return _cell(a, plans, f"S{S}-B{B}-W{W}", a.output, base, link, mem, cfg, cuda, console)
-    root = a.output or Path("plans") / f"map-{time.strftime('%Y%m%d-%H%M%S')}"
+        return _cell(a, plans, f"S{S}-B{B}-W{W}", W, root, base, link, mem, cfg, cuda, console)
     rc = 0
     for S, B, W, plans in planned:
         cell = f"S{S}-B{B}-W{W}"
-        rc = _cell(a, plans, cell, root / cell, base, link, mem, cfg, cuda, console) or rc
+        rc = _cell(a, plans, cell, W, root / cell, base, link, mem, cfg, cuda, console) or rc
     return (_map(root) if not a.dry_run else 0) or rc
+
+
+def _select(only: set[str] | None, planned, several: bool) -> None:
+    """--only: the plans not named are left out; a name no cell has, or that no cell can run, is refused."""
+    if only is None:
+        return
+    cells = [(f"S{S}-B{B}-W{W}", plans) for S, B, W, plans in planned]
+    where = cells[0][0] if not several else "any cell"
+    if unknown := only - {q.name for _, ps in cells for q in ps}:
+        raise ConfigError(f"--only {','.join(sorted(unknown))}: no such plan in {where} (--dry-run lists them)")
+    for name in sorted(only):
+        if not any(q.name == name and q.pruned is None for _, ps in cells for q in ps):
+            why = next(q.pruned for _, ps in cells for q in ps if q.name == name)
+            raise ConfigError(f"--only {name}: left out in {where}: {why}")
+    for _, plans in cells:
+        for q in plans:
+            if q.pruned is None and q.name not in only:
+                q.pruned = "not in --only"
+
+
+def _runnable(plans, setting: str) -> None:
+    """A cell none of whose plans can run is bad input: nothing would be measured."""
+    if plans and any(q.pruned is None for q in plans):
+        return
+    if not plans:
+        raise ConfigError(f"{setting}: no plan of these --cp and --weights (--dry-run lists them)")
+    q = plans[0]
+    raise ConfigError(f"{setting}: none of its {len(plans)} plans can run (e.g. {q.name}: {q.pruned}); --dry-run "
+                      "lists why each is left out")
+
+
+def _other_plan(flag: str, out: Path, cell: str) -> None:
+    """An --output holding another cell's plan.json is refused (the same cell's: its runs resume)."""
+    f = out / "plan.json"
+    if f.is_dir() or (f.exists() and not f.is_file()):
+        raise ConfigError(f"{flag} {out}: its plan.json is not a file (give another folder)")
+    if not f.exists():
+        return
+    try:
+        held = json.loads(f.read_text()).get("cell")
+    except (OSError, ValueError, AttributeError):
+        held = None
+    if held != cell:
+        raise ConfigError(f"{flag} {out}: holds {'the plan of ' + str(held) if held else 'a plan.json it cannot read'}"
+                          f", not {cell}'s (give another folder, or leave --output out for a new one)")
 
 
 def _cells(text: str) -> list[tuple[int, int, int]]:
@@ -128,21 +186,18 @@ def _cells(text: str) -> list[tuple[int, int, int]]:
         parts = c.split(":")
         if len(parts) != 3 or not all(x.isdigit() and int(x) > 0 for x in parts):
             raise ConfigError(f"--cells {c}: each cell is S:B:W, three positive integers (e.g. 4608:8:8)")
-        out.append(tuple(int(x) for x in parts))
+        if (cell := tuple(int(x) for x in parts)) in out:
+            raise ConfigError(f"--cells {c}: named twice (each cell once)")
+        out.append(cell)
     if not out:
-        raise ConfigError("--cells: give at least one S:B:W")
+        raise ConfigError(f"--cells {text!r}: give at least one S:B:W (e.g. --cells \"4608:1:1 4608:8:8\")")
     return out
 
 
-def _cell(a, plans, cell: str, out: Path | None, base, link, mem, cfg, cuda: bool, console) -> int:
+def _cell(a, plans, cell: str, W: int, out: Path, base, link, mem, cfg, cuda: bool, console) -> int:
     """One cell: what is left out and why, then its plans run in this process and ranked into out/plan.json."""
-    from flux_cp.plan.plans import to_sweep
+    from flux_cp.plan.plans import to_sweep, unlisted
 
-    if a.only:
-        only = set(a.only.split(","))
-        for q in plans:
-            if q.pruned is None and q.name not in only:
-                q.pruned = "not in --only"
     kept = [q for q in plans if q.pruned is None]
     console.rule(cell)
     config = Path(a.config).name if a.config else ("flux_4608.yaml" if cuda else "tiny.yaml")  # --config's default
@@ -152,16 +207,16 @@ def _cell(a, plans, cell: str, out: Path | None, base, link, mem, cfg, cuda: boo
     for q in plans:
         if q.pruned:
             reasons.setdefault(q.pruned, []).append(q.name)
-    for why, names in reasons.items():  # each reason once, with the plans it leaves out
+    left = unlisted(W, a.cps, a.weight_modes)
+    for why, names in (reasons | left).items():  # each reason once, with the plans (or settings) it leaves out
         console.print(f"  left out {', '.join(names)}: {why}", highlight=False, soft_wrap=True)
     if a.dry_run:
         for q in kept:
             print(f"{q.name}: ~{q.memory_gib:.1f} GiB a rank estimated")
         return 0
-    out = out or Path("plans") / f"{cell}-{time.strftime('%Y%m%d-%H%M%S')}"
     sweep = to_sweep(plans, base, out, name=f"plan-{cell}", steps=a.steps + a.warmup_steps)
     rc = _run(sweep, console)
-    return _finish(plans, out, link, mem, cfg, cell, console) or rc
+    return _finish(plans, left, out, link, mem, cfg, cell, console) or rc
 
 
 def _run(sweep, console) -> int:
@@ -178,55 +233,86 @@ def _run(sweep, console) -> int:
         return 1 if runner.run(progress) else 0
 
 
-def _finish(plans, out: Path, link, mem, cfg, cell: str, console) -> int:
+def _repo_path(path: str | None) -> str | None:
+    """A path as the repository root sees it (plan.json's commands run from there): never absolute."""
+    return path and os.path.relpath(Path(path).resolve(), ROOT)
+
+
+def _finish(plans, left: dict, out: Path, link, mem, cfg, cell: str, console) -> int:
     from rich.console import Console
     from rich.table import Table
 
     from flux_cp.plan.rank import best_against_dp, rank
+    from flux_cp.predict.links import name_of
 
-    rows = rank(plans, out, link, mem, cfg.config_file and os.path.relpath(cfg.config_file))
+    rows = rank(plans, out, link, mem, _repo_path(cfg.config_file))
     summary = best_against_dp(rows)
     import torch
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    (out / "plan.json").write_text(json.dumps({"cell": cell, "device": device, "link": getattr(link, "name", str(link)),
-                                               "memory_gib": mem, "plans": rows, "summary": summary}, indent=1))
-    t = Table(title=f"{cell}: time per global batch, fastest first (W >= 2: a simulated rank, links priced; "
-              "DP: plain data parallelism)")
-    for col in ("#", "plan", "step ms", "tokens/s a GPU", "MFU", "peak GiB", "exposed comm ms"):
-        t.add_column(col, justify="left" if col == "plan" else "right", no_wrap=col == "plan")
-    for r in rows:
-        if r["status"] != "ran":
-            continue
-        t.add_row(str(r["rank"]), r["plan"] + (" DP" if r["baseline"] else ""), f"{r['step_ms']:.3g}",
+    priced = name_of(link)
+    (out / "plan.json").write_text(json.dumps({
+        "cell": cell, "device": device, "link": priced, "memory_gib": mem, "plans": rows, "summary": summary,
+        "left_out": [{"settings": names, "why": why} for why, names in left.items()]}, indent=1))
+    t = Table(title=f"{cell}: time per global batch, fastest first (W >= 2: a simulated rank, links priced on "
+              f"{priced}; DP: plain data parallelism)")
+    for col in ("#", "plan", "step ms (95% CI)", "n", "tokens/s a GPU", "MFU", "peak GiB", "exposed comm ms"):
+        t.add_column(col, justify="left" if col == "plan" else "right", no_wrap=col in ("plan", "step ms (95% CI)"))
+    ran = [r for r in rows if r["status"] == "ran"]
+    for r in ran:
+        ci = r["step_ms_ci95"]
+        t.add_row(f"{r['rank']}{'=' if r['tied_with'] else ''}", r["plan"] + (" DP" if r["baseline"] else ""),
+                  _ms(r["step_ms"]) + ("" if ci is None else f" ({_ms(ci[0])}-{_ms(ci[1])})"), str(r["steps"]),
                   f"{r['tokens_per_s_per_gpu']:,.0f}", "-" if r["mfu"] is None else f"{r['mfu']:.0%}",
                   "-" if r["peak_gib"] is None else f"{r['peak_gib']:.3g}",
-                  "-" if r["exposed_comm_ms"] is None else f"{r['exposed_comm_ms']:.3g}")
-    Console(width=max(110, Console().width)).print(t)
+                  "-" if r["exposed_comm_ms"] is None else _ms(r["exposed_comm_ms"]))
+    table = Console(width=max(120, Console().width))
+    table.print(t)
+    if any(r["tied_with"] for r in ran):
+        table.print("= : within each other's noise (their 95% confidence intervals of the step overlap: the order "
+                    "between them is not measured; more --steps narrow them)", highlight=False)
     for r in rows:
         if r["status"] not in ("ran", "pruned"):
             console.print(f"  {r['plan']}: {r['status']}: {r['why']}", highlight=False, soft_wrap=True)
     best, dp = summary["best"], summary["data_parallel"]
     if best is None:
-        print(f"plan {cell}: no plan ran ({out}/plan.json)")
+        over = any(r["status"] == "over memory" for r in rows)
+        print(f"plan {cell}: no plan ran{' within the memory' if over else ''} ({out}/plan.json)")
         return 1
     vs = (f", {summary['best_over_dp']:.2f}x plain data parallelism ({dp['plan']})" if dp and dp is not best
           else " (plain data parallelism)" if best["baseline"] else ", no data-parallel plan ran")
+    tie = f"; within noise of {', '.join(best['tied_with'])}" if best["tied_with"] else ""
     print(f"best: {best['plan']}: {best['tokens_per_s_per_gpu']:,.0f} tokens/s a GPU"
-          + (f", MFU {best['mfu']:.0%}" if best["mfu"] is not None else "") + vs)
+          + (f", MFU {best['mfu']:.0%}" if best["mfu"] is not None else "") + vs + tie)
     print(f"run it: {best['command']}")
     print(f"plans: {out}/plan.json")
     return 0
 
 
-def _map(root: Path) -> int:
-    from flux_cp.plan.decision_map import draw, load_map, render_markdown
+def _ms(x: float) -> str:
+    """Milliseconds at 3 significant figures, whole from 100 on (1,234, not 1.23e+03)."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
-    rows = load_map(root)
-    if not rows:
-        print(f"plan.py: error: --map {root}: no <cell>/plan.json under it (run cells first: tools/plan_map.sh)",
-              file=sys.stderr)
+
+def _map(root: Path) -> int:
+    from flux_cp.plan.cli import unwritable
+    from flux_cp.plan.decision_map import MapError, draw, load_map, render_markdown
+
+    def refuse(why: str) -> int:
+        print(f"plan.py: error: --map {root}: {why}", file=sys.stderr)
         return EXIT_CONFIG
+
+    if not root.is_dir():
+        return refuse("not a folder (give the folder holding the cells' <cell>/plan.json, e.g. plan.py --cells "
+                      "... --output DIR)")
+    try:
+        rows = load_map(root)
+    except MapError as e:
+        return refuse(f"{e} (remove it or run its cell again)")
+    if not rows:
+        return refuse("no <cell>/plan.json under it (run cells first: tools/plan_map.sh)")
+    if why := unwritable(root):
+        return refuse(why)
     devices = sorted({r["device"] or "device not recorded" for r in rows})
     (root / "map.json").write_text(json.dumps(rows, indent=1))
     (root / "map.md").write_text(render_markdown(rows) + "\n")

@@ -9,14 +9,13 @@ Unreadable, schema-mismatched and incomplete runs are listed in the report, neve
 report.md opens with the verdict, taken from the regime table, then the method, then the sections.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from flux_cp.config import ConfigError  # noqa: E402
+from flux_cp.plan.cli import Parser, check_folder, first_sentences, load_link, positive, unwritable  # noqa: E402
 from flux_cp.predict import links  # noqa: E402
 from flux_cp.report import (  # noqa: E402
     ReportError,
@@ -29,42 +28,43 @@ from flux_cp.report import (  # noqa: E402
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse prints the usage too)
-        print(f"report.py: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog="report.py", description=__doc__.splitlines()[0])
+def parser() -> Parser:
+    p = Parser(prog="report.py", description=first_sentences(__doc__))
     p.add_argument("runs_dir", metavar="RUNS_DIR", type=Path, help="folder searched for summary.json files")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default RUNS_DIR/report)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: RUNS_DIR/report)")
     p.add_argument("--link", default="h200-nvlink4",
-                   help="link profile for GPU runs: a configs/links name or a YAML (default h200-nvlink4)")
+                   help="link profile for GPU runs: a configs/links name or a YAML (default: h200-nvlink4)")
     p.add_argument("--cpu-link", default=None, help="link profile for CPU runs (tools/measure_links.py writes one); "
                    "without it CPU runs' communication is not priced. With {W} in a path (--link too): one profile "
                    "per group size, the nearest measured W for the others")
-    p.add_argument("--link-gbps", type=float, default=None,
+    p.add_argument("--link-gbps", type=positive("GB/s"), default=None,
                    help="instead of --link: every collective at this bus bandwidth, no latency (the old estimate)")
     p.add_argument("--reconcile", default="torch(allgather)", metavar="STRATEGY",
-                   help="the strategy 'Reconciling the 1.66x' decomposes (default torch(allgather): the user's ring, "
+                   help="the strategy 'Reconciling the 1.66x' decomposes (default: torch(allgather), the user's ring, "
                    "in the regime the verdict names; another: its configurations against their own W=1 step)")
-    p.add_argument("--wandb-mode", choices=("offline", "online", "disabled"), default="offline")
+    p.add_argument("--wandb-mode", choices=("offline", "online", "disabled"), default="offline",
+                   help="where the report's wandb run goes (default: offline)")
     p.add_argument("--wandb-report", action="store_true", help="also build a wandb Report (online; wandb-workspaces)")
-    args = p.parse_args(argv)
-    try:
-        if args.link_gbps is not None and not args.link_gbps > 0:
-            raise ReportError(f"--link-gbps {args.link_gbps}: must be > 0 (GB/s bus bandwidth)")
-        try:
-            link = links.flat(args.link_gbps) if args.link_gbps else links.load_any(args.link)
-            cpu_link = links.load_any(args.cpu_link) if args.cpu_link else None
-        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
-            raise ReportError(f"link profile: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    out = args.out or args.runs_dir / "report"
+    try:  # every input checked before the runs are read and anything is written: one line, exit 2
+        if not args.runs_dir.is_dir():
+            raise ReportError(f"RUNS_DIR {args.runs_dir}: not a directory (give the folder holding the runs' "
+                              "summary.json)")
+        link = links.flat(args.link_gbps) if args.link_gbps else load_link("--link", args.link)
+        cpu_link = load_link("--cpu-link", args.cpu_link) if args.cpu_link is not None else None
+        if args.out is not None:
+            check_folder("--out", out)
+        elif why := unwritable(out):
+            raise ReportError(f"RUNS_DIR {args.runs_dir}: its report folder {out}: {why} (or pick one: --out DIR)")
         report = build(args.runs_dir, link=link, cpu_link=cpu_link, user=args.reconcile)
-    except ReportError as e:
+    except (ReportError, ConfigError) as e:
         print(f"report.py: error: {e}", file=sys.stderr)
         return 2
-    out = args.out or args.runs_dir / "report"
     paths = write(report, out)
     print(f"report.py: {len(report.configs)} configuration(s), {len(report.runs)} run(s), "
           f"{len(report.skipped)} skipped/partial -> {paths['md']}, {paths['html']}", file=sys.stderr)

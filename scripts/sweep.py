@@ -13,37 +13,57 @@ Ctrl-C (or SIGTERM) stops the running run, records it and ends with the command 
 Exit code: 0 all runs ok, 1 some not, 2 bad sweep config, 130 interrupted.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from flux_cp.config import ConfigError  # noqa: E402
+from flux_cp.plan.cli import Parser, at_least, check_folder, first_sentences, positive  # noqa: E402
 from flux_cp.runs.failures import EXIT_CONFIG, EXIT_INTERRUPTED  # noqa: E402
 from flux_cp.train import compile_cache  # noqa: E402
+
+
+def parser() -> Parser:
+    p = Parser(prog="sweep.py", description=first_sentences(__doc__))
+    p.add_argument("sweep", nargs="+", help="sweep YAML (configs/sweep_*.yaml, configs/suites/*.yaml); several run "
+                   "one after another")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--output", help="sweep folder (one sweep; default: the file's `output`, else sweeps/<name>)")
+    out.add_argument("--output-root", help="each sweep into <output-root>/<its file's name without .yaml>")
+    p.add_argument("--timeout-s", type=positive("seconds"), help="per-run --timeout-s (default: the file's "
+                   "`timeout_s`)")
+    p.add_argument("--gpus", type=at_least(0), help="validate as if this many GPUs were visible (with --dry-run)")
+    p.add_argument("--dry-run", action="store_true", help="check the sweep and list its runs; run nothing")
+    p.add_argument("--only", help="run only the runs whose names match these comma-separated globs, e.g. "
+                   "'simulate_world-8_*,simulate_world-none_*' (a slice that fits a device call; --dry-run: names)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every run in this process (one-process runs only): imports once, not once per run")
+    return p
+
+
+def _refuse(message: str) -> int:
+    print(f"sweep.py: error: {message}", file=sys.stderr)
+    return EXIT_CONFIG
 
 
 def main(argv: list[str] | None = None) -> int:
     from flux_cp.measure.timing import deepen_launch_queue
 
     deepen_launch_queue()  # before CUDA starts (in-process runs share its context): the idle probe must not stall
-    p = argparse.ArgumentParser(prog="sweep.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("sweep", nargs="+", help="sweep YAML (configs/sweep_*.yaml, configs/suites/*.yaml); several run "
-                   "one after another")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--output", help="sweep folder (one sweep; default: the file's `output`, else sweeps/<name>)")
-    out.add_argument("--output-root", help="each sweep into <output-root>/<its file's name without .yaml>")
-    p.add_argument("--timeout-s", type=float, help="per-run --timeout-s (default: the file's `timeout_s`)")
-    p.add_argument("--gpus", type=int, help="validate as if this many GPUs were visible (with --dry-run)")
-    p.add_argument("--dry-run", action="store_true", help="check the sweep and list its runs; run nothing")
-    p.add_argument("--only", help="run only the runs whose names match these comma-separated globs, e.g. "
-                   "'simulate_world-8_*,simulate_world-none_*' (a slice that fits a device call; --dry-run: names)")
-    p.add_argument("--in-process", action="store_true",
-                   help="run every run in this process (one-process runs only): imports once, not once per run")
+    p = parser()
     a = p.parse_args(argv)
-    if a.output and len(a.sweep) > 1:
+    if a.output is not None and len(a.sweep) > 1:
         p.error("--output takes one sweep: use --output-root for several")
+    for file in a.sweep:  # before torch's import: a mistyped name is told at once
+        f = Path(file)
+        if not f.is_file():
+            why = "a folder" if f.is_dir() else "no such file"
+            return _refuse(f"sweep {file}: {why} (give a sweep YAML, e.g. configs/sweep_cpu.yaml or "
+                           "configs/suites/<suite>.yaml)")
+    for flag, value in (("--output", a.output), ("--output-root", a.output_root)):
+        if value is not None and not value.strip():
+            return _refuse(f"{flag} '': give a folder")
 
     import torch
     from rich.console import Console
@@ -58,31 +78,35 @@ def main(argv: list[str] | None = None) -> int:
     for file in a.sweep:  # every file checked before anything runs
         output = str(Path(a.output_root) / Path(file).stem) if a.output_root else a.output
         try:
-            if a.timeout_s is not None and a.timeout_s <= 0:
-                raise ConfigError(f"--timeout-s {a.timeout_s}: must be > 0 seconds")
             sweeps.append(load_sweep(file, output, a.timeout_s, cuda_available=cuda, gpu_count=gpus))
         except ConfigError as e:
-            lines = str(e).splitlines()
-            print(f"sweep.py: {file}: {len(lines)} problem(s), nothing was run:", file=sys.stderr)
+            lines = [ln.removeprefix(f"{file}: ") for ln in str(e).splitlines()]
+            if len(lines) == 1:
+                return _refuse(f"sweep {file}: {lines[0]}; nothing was run")
+            print(f"sweep.py: error: sweep {file}: {len(lines)} problem(s), nothing was run:", file=sys.stderr)
             for line in lines:
                 print(f"  {line}", file=sys.stderr)
             return EXIT_CONFIG
+    for sweep, file in zip(sweeps, a.sweep):  # where each sweep writes: a folder it can make, checked, not made
+        flag = "--output" if a.output else "--output-root" if a.output_root else f"sweep {file}: output"
+        try:
+            check_folder(flag, Path(a.output_root) if a.output_root else sweep.output)
+        except ConfigError as e:
+            return _refuse(f"{e}; nothing was run")
     if a.only is not None:  # across every file: a glob names runs of one suite or another
         try:
             sweeps = select(sweeps, a.only)
         except ConfigError as e:
-            print(f"sweep.py: {e}; nothing was run", file=sys.stderr)
-            return EXIT_CONFIG
+            return _refuse(f"{e}; nothing was run")
+    if a.in_process and (multi := [r.name for sweep in sweeps for r in sweep.runs if r.processes > 1]):
+        return _refuse(f"--in-process: runs of several processes ({', '.join(multi[:3])}): drop --in-process, or "
+                       "keep to --devices 1 (--simulate-world for more ranks)")
     if a.dry_run:
         for run in (r for sweep in sweeps for r in sweep.runs):
             print(f"{run.name}: train_bench.py {' '.join(run.args)}")
         return 0
     main_fn = None
     if a.in_process:
-        if multi := [r.name for sweep in sweeps for r in sweep.runs if r.processes > 1]:
-            print(f"sweep.py: --in-process: runs of several processes ({', '.join(multi[:3])}): drop --in-process, "
-                  "or keep to --devices 1 (--simulate-world for more ranks)", file=sys.stderr)
-            return EXIT_CONFIG
         main_fn = _with_compile_cache(_train_bench_main())
         if line := compile_cache.load():  # compiled kernels of an earlier call (flux_cp/train/compile_cache.py)
             console.print(line, highlight=False, soft_wrap=True)

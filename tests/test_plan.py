@@ -5,12 +5,13 @@ rests on trains as one process."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from flux_cp.config import parse_config
 from flux_cp.plan.plans import enumerate_plans
-from flux_cp.plan.rank import command
+from flux_cp.plan.rank import command, confidence, mark_ties, overlap
 
 from .conftest import ROOT, TINY, assert_exact, exact_run
 
@@ -32,7 +33,10 @@ def test_every_plan_that_divides_and_why_the_others_do_not():
     # zero2f: ZeRO-2 with its gathers under the next forward
     (f,) = [p for p in plans if p.name == "dp2xulysses2-zero2f-eager"]
     assert "--weights zero2 --zero2-gather forward" in command(f, "configs/tiny.yaml")
-    assert not any(p.cp == "torch" for p in plans)  # CPU: no ring kernel to run
+    ring = [p for p in plans if p.cp == "torch"]  # CPU: no ring kernel to run, left out with the reason
+    assert {p.name for p in ring} == {f"dp{dp}xtorch{c}-{w}-eager" for dp, c in ((1, 4), (2, 2))
+                                      for w in ("ddp", "zero2", "zero2f", "fsdp")}
+    assert all(p.pruned.startswith("--cp torch: torch's context_parallel") and "CUDA" in p.pruned for p in ring)
 
 
 def test_plans_that_do_not_fit_the_memory_are_left_out():
@@ -60,7 +64,7 @@ def test_the_command_runs_the_plan_on_real_gpus():
     assert "simulate" not in cmd
 
 
-def test_plan_ranks_the_plans_it_ran_by_time_per_global_batch(tmp_path):
+def test_plan_ranks_the_plans_it_ran_by_time_per_global_batch(tmp_path, capsys):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), "--config", str(TINY), "--global-batch",
                         "2", "--world", "2", "--cp", "none,allgather-kv", "--weights", "ddp", "--steps", "4",
                         "--warmup-steps", "1", "--output", str(tmp_path)], capture_output=True, text=True,
@@ -77,6 +81,21 @@ def test_plan_ranks_the_plans_it_ran_by_time_per_global_batch(tmp_path):
     assert [row["baseline"] for row in d["plans"] if row["plan"] == "dp2-ddp-eager"] == [True]
     assert d["summary"]["data_parallel"]["plan"] == "dp2-ddp-eager"
     assert f"best: {ran[0]['plan']}" in r.stdout and "run it: python scripts/train_bench.py" in r.stdout
+    # how sure: each plan's measured steps and its step's 95% interval, in plan.json and the table; neighbours whose
+    # intervals overlap are a tie (=); the table names the link profile it priced with
+    for row in ran:
+        lo, hi = row["step_ms_ci95"]
+        assert 2 <= row["steps"] <= 4 and lo <= row["step_ms"] <= hi and row["rank_step_ms_ci95"][0] <= lo + 1e-9
+    text = " ".join(r.stdout.split())
+    assert "links priced on h200-nvlink4" in text and "step ms (95% CI)" in text and d["link"] == "h200-nvlink4"
+    tied = overlap(ran[0]["step_ms_ci95"], ran[1]["step_ms_ci95"])
+    assert ran[0]["tied_with"] == ([ran[1]["plan"]] if tied else []) and d["summary"]["best_tied"] == tied
+    assert ("= : within each other's noise" in text) == tied and (f"| 1= | {ran[0]['plan']}" in text.replace("│", "|")
+                                                                   ) == tied
+    # relative paths only: the runs beside plan.json, the command's config from the repository's root
+    assert [row["run"] for row in ran] == [row["plan"] for row in ran]
+    assert "--config configs/tiny.yaml" in ran[0]["command"]
+    assert not [x for x in _strings(d) if x.startswith("/") or str(tmp_path) in x or str(ROOT) in x]
     # the report over the same folder carries the cell: report.json `plans`, ranked rows with tokens/s and MFU
     from flux_cp.report import build, write
 
@@ -84,17 +103,89 @@ def test_plan_ranks_the_plans_it_ran_by_time_per_global_batch(tmp_path):
     (cell,) = rep["plans"]
     assert cell["cell"] == "S144-B2-W2" and [p["plan"] for p in cell["plans"][:2]] == [row["plan"] for row in ran]
     assert all("tokens_per_s_per_gpu" in p and "mfu" in p for p in cell["plans"][:2])
+    # a --memory-gib under a plan's measured peak: that plan listed as over memory, never a crash (the same
+    # command again: the runs are complete, so nothing runs again)
+    top = max(ran, key=lambda row: row["peak_gib"])
+    limit = top["peak_gib"] * 0.999
+    rc, out, err = _plan_in_process(capsys, "--config", TINY, "--global-batch", 2, "--world", 2, "--cp",
+                                    "none,allgather-kv", "--weights", "ddp", "--steps", 4, "--warmup-steps", 1,
+                                    "--output", tmp_path, "--memory-gib", limit)
+    rows = {row["plan"]: row for row in json.loads((tmp_path / "plan.json").read_text())["plans"]}
+    assert rows[top["plan"]]["status"] == "over memory" and "rank" not in rows[top["plan"]]
+    assert rows[top["plan"]]["why"] == f"measured peak {top['peak_gib']:.3g} GiB > {limit:.3g} GiB a GPU"
+    assert f"{top['plan']}: over memory: measured peak" in " ".join(err.split())
+    assert rc == (0 if any(row["status"] == "ran" for row in rows.values()) else 1), err[-2000:]
+    assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("args", [["--global-batch", "0", "--world", "2"],
-                                  ["--global-batch", "2", "--world", "2", "--cp", "ring"],
-                                  ["--cells", "144:2:2 144:2"], ["--cells", "144:2:2", "--world", "2"],
-                                  ["--cells", "144:2:2 144:1:2", "--only", "dp2-ddp-eager,dp3-ddp-eager"]])
-def test_bad_input_is_one_line(args, tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), *args, "--output", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("plan.py: error:")
-    assert not (tmp_path / "o").exists()
+def test_plans_within_each_others_noise_are_a_tie():
+    """Neighbours in the ranking whose 95% intervals of the step overlap are tied (=); an interval comes from
+    summary.json's steadiness, else from the per-step times; under 2 steps there is none (no tie claimed)."""
+    rows = [{"plan": "a", "step_ms_ci95": [10.0, 12.0]}, {"plan": "b", "step_ms_ci95": [11.5, 13.0]},
+            {"plan": "c", "step_ms_ci95": [12.5, 15.0]}, {"plan": "d", "step_ms_ci95": [16.0, 17.0]},
+            {"plan": "e", "step_ms_ci95": None}]
+    mark_ties(rows)
+    assert [r["tied_with"] for r in rows] == [["b"], ["a", "c"], ["b"], [], []]
+    assert confidence({"steadiness": {"n": 24, "ci95": [1, 2]}}) == (24, [1.0, 2.0])
+    assert confidence({"per_step": {"step_ms": [5.0, 4.0, 6.0, 5.5, 5.2]}}) == (5, [4.0, 6.0])
+    assert confidence({"per_step": {"step_ms": [5.0]}, "metrics": {"step_ms": {"n": 1}}}) == (1, None)
+
+
+def test_what_cannot_run_is_listed_with_its_reason(capsys, tmp_path):
+    """--dry-run names every plan left out and why; at W = 1 the strategies and weights modes no plan can take; on a
+    CPU torch's ring (it needs CUDA)."""
+    import torch
+
+    rc, _, err = _plan_in_process(capsys, "--config", TINY, "--global-batch", 2, "--world", 1, "--dry-run")
+    text = " ".join(err.split())
+    assert rc == 0 and "left out --cp torch, --cp allgather-kv, --cp ulysses, --cp tp: one GPU" in text
+    assert "left out --weights zero2, --weights zero2f, --weights fsdp: one GPU" in text
+    if not torch.cuda.is_available():
+        rc, _, err = _plan_in_process(capsys, "--config", TINY, "--global-batch", 2, "--world", 2, "--dry-run")
+        text = " ".join(err.split())
+        assert rc == 0 and ("left out dp1xtorch2-ddp-eager, dp1xtorch2-zero2-eager, dp1xtorch2-zero2f-eager, "
+                            "dp1xtorch2-fsdp-eager: --cp torch: torch's context_parallel") in text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_default_output_is_git_ignored():
+    import shutil
+
+    assert _plan_script().DEFAULT_ROOT == Path("plans")
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("not a git checkout")
+    r = subprocess.run(["git", "check-ignore", "-q", "plans/S144-B2-W2-20260101-000000/plan.json"], cwd=ROOT)
+    assert r.returncode == 0, "plans/ is not in .gitignore"
+
+
+def _plan_script():
+    import importlib.util
+
+    key = "plan_script_under_test"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, ROOT / "scripts" / "plan.py")
+        sys.modules[key] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[key])
+    return sys.modules[key]
+
+
+def _plan_in_process(capsys, *args) -> tuple[int, str, str]:
+    """scripts/plan.py's main(argv) in this process: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    rc = _plan_script().main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _strings(x):
+    if isinstance(x, str):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _strings(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _strings(v)
 
 
 def test_cells_run_in_one_process_each_into_its_folder_then_the_map(tmp_path):
@@ -141,4 +232,4 @@ def test_the_decision_map_gives_each_cell_its_best_plan_and_plain_dp_beside_it(t
     assert (tmp_path / "map.png").stat().st_size > 10_000 and json.loads((tmp_path / "map.json").read_text())
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), "--map", str(tmp_path / "none")],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no <cell>/plan.json" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"--map {tmp_path / 'none'}: not a folder" in r.stderr

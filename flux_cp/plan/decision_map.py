@@ -19,13 +19,23 @@ def _brief(r: dict | None) -> dict | None:
     return {k: r.get(k) for k in ("plan", "step_ms", "tokens_per_s_per_gpu", "mfu", "peak_gib", "basis", "command")}
 
 
+class MapError(ValueError):
+    """A plan.json under the map's folder that cannot be read: its path and why, in one line."""
+
+
 def load_map(root: Path) -> list[dict]:
-    """One row per cell found under root, sorted by S, W, B; each with its best, runner-up and plain-DP plans."""
+    """One row per cell found under root, sorted by S, W, B; each with its best, runner-up and plain-DP plans
+    (`source`: its plan.json, relative to root). A plan.json that cannot be read raises MapError."""
     files = sorted(set(Path(root).glob("*/plan.json")) | set(Path(root).glob("*.plan.json")))
     rows = []
     for f in files:
-        d = json.loads(f.read_text())
-        m = CELL.fullmatch(d.get("cell", ""))
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            raise MapError(f"{f}: unreadable ({getattr(e, 'strerror', None) or str(e).splitlines()[0]})") from None
+        if not isinstance(d, dict) or not isinstance(d.get("plans"), list):
+            raise MapError(f"{f}: not a plan.json of scripts/plan.py (no `plans` list)")
+        m = CELL.fullmatch(str(d.get("cell", "")))
         if not m:
             continue
         s = d.get("summary") or {}
@@ -36,7 +46,7 @@ def load_map(root: Path) -> list[dict]:
                      "plans_ran": len(ran), "plans_failed": failed,
                      "best": _brief(s.get("best")), "runner_up": _brief(s.get("runner_up")),
                      "data_parallel": _brief(s.get("data_parallel")), "best_over_dp": s.get("best_over_dp"),
-                     "source": str(f)})
+                     "source": str(f.relative_to(root))})
     return sorted(rows, key=lambda r: (r["S"], r["W"], r["B"]))
 
 

@@ -123,7 +123,7 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
     out = []
     for c in _divisors(world):
         for cp in cps:
-            if (cp == "none") != (c == 1) or (cp == "torch" and not on_gpu):
+            if (cp == "none") != (c == 1):  # (torch's ring on a CPU: left out by its check, with the reason)
                 continue
             for w in weights:
                 if world == 1 and w != "ddp":  # one rank: nothing to shard, nothing to sync
@@ -140,6 +140,19 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
                         if memory_gib_limit is not None and p.memory_gib > HEADROOM * memory_gib_limit:
                             _accumulate(cfg, p, params, resolved.data.batch_size, HEADROOM * memory_gib_limit, on_gpu)
                     out.append(p)
+    return out
+
+
+def unlisted(world: int, cps=CP_KINDS, weights=WEIGHTS) -> dict[str, list[str]]:
+    """What no plan of a W = 1 cell can take, by its reason: every CP strategy (no group to share a sample with) and
+    every weights mode but DDP (one rank: nothing to shard or sync). {reason: [--cp x, --weights y, ...]}"""
+    if world != 1:
+        return {}
+    out = {}
+    if cp := [f"--cp {c}" for c in cps if c != "none"]:
+        out["one GPU: no group of ranks to share a sample's tokens (W >= 2)"] = cp
+    if w := [f"--weights {x}" for x in weights if x != "ddp"]:
+        out["one GPU: no other rank to shard the weights over or sync them with (W >= 2)"] = w
     return out
 
 
