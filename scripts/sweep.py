@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     for sweep, file in zip(sweeps, a.sweep):  # where each sweep writes: a folder it can make, checked, not made
         flag = "--output" if a.output else "--output-root" if a.output_root else f"sweep {file}: output"
         try:
-            check_folder(flag, Path(a.output_root) if a.output_root else sweep.output)
+            if a.output_root:
+                check_folder(flag, Path(a.output_root))
+            check_folder(flag, sweep.output)  # (under --output-root: its folder of this sweep)
         except ConfigError as e:
             return _refuse(f"{e}; nothing was run")
     if a.only is not None:  # across every file: a glob names runs of one suite or another

@@ -19,8 +19,8 @@ W2 = ["--global-batch", "2", "--world", "2"]  # a plan cell of the tiny model: S
 FORM = re.compile(r"^(?P<script>\w+\.py): error: (--[\w.-]+|RUNS_DIR|sweep)[ :]")
 
 # (entry point, argv, a fragment of the message); {tmp} is the test's folder, holding afile (empty), d/ (empty),
-# rd/report (a file where the report's folder would go), plan/plan.json (another cell's) and map/S1-B1-W1/plan.json
-# (not JSON)
+# rd/report (a file where the report's folder would go), plan/plan.json (another cell's), map/S1-B1-W1/plan.json
+# (not JSON), root/sweep_cpu (a file where a sweep's folder would go) and one.yaml (a sweep with one problem)
 ROWS = [
     ("train_bench", ["--steps", "-1"], "need steps >= 1"),
     ("train_bench", ["--devices", "0"], "--devices 0: must be >= 1"),
@@ -78,6 +78,8 @@ ROWS = [
     ("sweep", ["{tmp}/one.yaml", "--output", "{tmp}/o"], "sweep {tmp}/one.yaml: unknown key 'colour'"),
     ("sweep", [SWEEP_CPU, "--output", "{tmp}/afile", "--dry-run"], "--output {tmp}/afile: a file is in the way"),
     ("sweep", [SWEEP_CPU, "--output-root", "{tmp}/afile"], "--output-root {tmp}/afile: a file is in the way"),
+    ("sweep", [SWEEP_CPU, "--output-root", "{tmp}/root", "--dry-run"],
+     "--output-root {tmp}/root/sweep_cpu: a file is in the way"),
     ("sweep", [SWEEP_CPU, "--output", "/proc/flux-cp-sweep"], "--output /proc/flux-cp-sweep: cannot create folders"),
     ("sweep", [SWEEP_CPU, "--timeout-s", "0"], "--timeout-s 0: must be a number of seconds > 0"),
     ("sweep", [SWEEP_CPU, "--timeout-s", "nan"], "--timeout-s nan: must be a number of seconds > 0"),
@@ -129,6 +131,8 @@ def tmp(tmp_path):
     (tmp_path / "plan" / "plan.json").write_text('{"cell": "S144-B2-W2", "plans": []}\n')
     (tmp_path / "map" / "S1-B1-W1").mkdir(parents=True)
     (tmp_path / "map" / "S1-B1-W1" / "plan.json").write_text("{")
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "sweep_cpu").write_text("")  # where --output-root would put configs/sweep_cpu.yaml's runs
     (tmp_path / "one.yaml").write_text(f"config: {TINY}\ncolour: blue\naxes:\n  devices: [1]\n")
     return tmp_path
 
