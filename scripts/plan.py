@@ -10,7 +10,11 @@ plain data parallelism among them (the baseline to beat).
 Each plan runs in this process as rank 0 of its W-rank job over torch's fake process group (the real code with a
 rank's shapes; collectives move nothing and are recorded), then its collectives are priced with --link and placed on
 its step as scripts/report.py does. W >= 2 figures are therefore a simulated rank with priced links, not a measured
-W-GPU job. Writes <output>/plan.json (`plans`: every row, ranked) and <output>/<plan>/summary.json per run.
+W-GPU job. Writes <output>/plan.json (`plans`: every row, ranked; paths in it relative to its folder) and
+<output>/<plan>/summary.json per run; the default <output> is under plans/ (git-ignored). Each ranked plan carries
+its measured steps and its step's 95% confidence interval; neighbours whose intervals overlap are a tie (= beside
+the rank: the order between them is within the noise). A plan whose measured peak exceeds --memory-gib is listed
+as over memory, unranked. Bad input is refused in one line (exit 2) before anything runs or is written.
 """
 
 import json
@@ -146,7 +150,8 @@ def _select(only: set[str] | None, planned, several: bool) -> None:
     for name in sorted(only):
         if not any(q.name == name and q.pruned is None for _, ps in cells for q in ps):
             why = next(q.pruned for _, ps in cells for q in ps if q.name == name)
-            raise ConfigError(f"--only {name}: left out in {where}: {why}")
+            raise ConfigError(f"--only {name}: left out in {cells[0][0] if not several else 'each cell that has it'}: "
+                              f"{why}")
     for _, plans in cells:
         for q in plans:
             if q.pruned is None and q.name not in only:

@@ -40,7 +40,7 @@ def load_map(root: Path) -> list[dict]:
             continue
         s = d.get("summary") or {}
         ran = [r for r in d["plans"] if r["status"] == "ran"]
-        failed = sum(r["status"] not in ("ran", "pruned") for r in d["plans"])
+        failed = sum(r["status"] not in ("ran", "pruned", "over memory") for r in d["plans"])
         S, B, W = map(int, m.groups())
         rows.append({"cell": d["cell"], "S": S, "B": B, "W": W, "device": d.get("device"), "link": d.get("link"),
                      "plans_ran": len(ran), "plans_failed": failed,
