@@ -100,6 +100,10 @@ def resolve(
     if run.host_slowdown > 1 and (run.devices > 1 or run.num_nodes > 1):
         raise ConfigError(f"--host-slowdown {run.host_slowdown:g}: emulated for one process (--devices 1, or "
                           f"--simulate-world W for a rank of W); drop it to run {run.devices} processes")
+    if run.host_slowdown > 1 and run.accelerator == "cpu" and (n := cpu_threads(run)) > 1:
+        raise ConfigError(f"--host-slowdown {run.host_slowdown:g}: this CPU run computes on {n} threads, which a core "
+                          "shared with busy loops cannot slow in step (measured: 1.5 gave 3x-64x); run it with "
+                          "OMP_NUM_THREADS=1 (a GPU run's host is one thread)")
     if run.sigterm_every < 1:
         raise ConfigError(f"--sigterm-every {run.sigterm_every}: a number of steps >= 1 (1: Lightning's every step)")
     if run.interleave_bare < 0 or run.interleave_bare == 1:
@@ -203,6 +207,16 @@ def _check_bare(run: RunConfig) -> None:
             flag = "--" + key.replace("_", "-")
             raise ConfigError(f"{flag} {getattr(run, key)}: a setting of the Lightning harness; --harness bare times "
                               f"whole steps only (drop {flag}, or use --harness lightning)")
+
+
+def cpu_threads(run: RunConfig) -> int:
+    """Threads a CPU rank computes on: OMP_NUM_THREADS, else the cores shared out over the ranks (as Lightning's
+    launcher and the bare loop set them)."""
+    import os
+
+    if (given := os.environ.get("OMP_NUM_THREADS", "")).isdigit():
+        return int(given)
+    return max(1, (os.cpu_count() or 1) // run.devices)
 
 
 def check_dims(model: ModelConfig, data: DataConfig) -> None:

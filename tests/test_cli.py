@@ -348,7 +348,11 @@ def test_host_slowdown_pins_the_run_beside_a_busy_loop_and_leaves_nothing(tmp_pa
     marker = f"FLUX_CP_TEST_MARK={uuid.uuid4().hex}"
     env = {**os.environ, "FLUX_CP_TEST_MARK": marker.split("=", 1)[1]}
     r = bench("--config", TINY, "--host-slowdown", 1.5, "--steps", 2, "--wandb-mode", "disabled", "--harness", "bare",
-              "--output", tmp_path / "run", env=env)
+              "--output", tmp_path / "many", env=env | {"OMP_NUM_THREADS": "2"})
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        "train_bench.py: error: --host-slowdown 1.5: this CPU run computes on 2 threads"), r.stderr[-2000:]
+    r = bench("--config", TINY, "--host-slowdown", 1.5, "--steps", 2, "--wandb-mode", "disabled", "--harness", "bare",
+              "--output", tmp_path / "run", env=env | {"OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert d["complete"] and d["config"]["run"]["host_slowdown"] == 1.5
@@ -357,7 +361,8 @@ def test_host_slowdown_pins_the_run_beside_a_busy_loop_and_leaves_nothing(tmp_pa
     # CUDA's launch queue as the run set it before CUDA started (4x: the idle probe does not stall), or the user's
     assert d["launch_queue"] == os.environ.get("CUDA_SCALE_LAUNCH_QUEUES", "4x")
     assert leftover_processes(marker) == []
-    r = bench("--config", TINY, "--host-slowdown", 2, "--devices", 2, "--output", tmp_path / "two", env=env)
+    r = bench("--config", TINY, "--host-slowdown", 2, "--devices", 2, "--output", tmp_path / "two",
+              env=env | {"OMP_NUM_THREADS": "1"})
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
         "train_bench.py: error: --host-slowdown 2: emulated for one process"), r.stderr[-2000:]
 
@@ -384,9 +389,66 @@ def test_slowed_host_runs_its_spinners_on_the_pinned_core_and_restores_affinity(
     assert os.sched_getaffinity(0) == before and not any(p.is_running() and p.status() != "zombie" for p in spinners)
 
 
-def test_host_slowdown_takes_a_fraction_and_refuses_bad_values_in_one_line():
+@pytest.mark.slow  # beside the slow set's waiting fault cases, not the CPU-bound rest: the share is the core's
+def test_host_slowdown_slows_a_cpu_step_as_set():
+    """--host-slowdown 1.5 makes a one-thread CPU training step of the tiny model (its host time: on a CPU, all of
+    it) 1.5x as long, within 10%: steps with and without it alternate in this process, medians of each (measured
+    here: 1.55-1.62; a pure Python loop gets 1.51, the nominal share; the step's caches lose a little more to the
+    switches). The busy loops' share is relative to whatever else runs on the core: a run beside another test's
+    processes is measured again (at most three times), the quietest kept (the least spread of its plain steps)."""
+    import statistics
+    import time
+
+    import torch
+
+    from flux_cp.config import parse_config
+    from flux_cp.data import make_batch
+    from flux_cp.measure.host_load import slowed_host
+    from flux_cp.model import FluxDiT, image_ids, text_ids
+
+    cfg = parse_config(["--config", str(TINY)], cuda_available=False)
+    model = FluxDiT(cfg.model)
+    opt = torch.optim.AdamW(model.parameters())
+    b = make_batch(cfg.data, cfg.model, 0)
+    rope = model.rope(text_ids(cfg.data.text_tokens), image_ids(cfg.data.image_height, cfg.data.image_width))
+
+    def steps(n=6) -> list[float]:  # ms a step
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            loss = (model(b["x_t"], b["text"], b["pooled"], b["t"], rope) - b["target"]).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            times.append((time.perf_counter() - t) * 1e3)
+        return times
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a CPU run with --host-slowdown computes on one thread (more are refused)
+    try:
+        steps(3)  # warm
+        tries = []
+        for _ in range(3):
+            plain, slowed = [], []
+            for _ in range(5):
+                plain += steps()
+                with slowed_host(1.5):
+                    steps(1)  # the spinner is running
+                    slowed += steps()
+            spread = (statistics.quantiles(plain, n=10)[-1] - min(plain)) / min(plain)
+            tries.append((spread, statistics.median(slowed) / statistics.median(plain)))
+            if spread < 0.15 and 1.35 <= tries[-1][1] <= 1.65:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    spread, ratio = min(tries)
+    assert 1.35 <= ratio <= 1.65, tries
+
+
+def test_host_slowdown_takes_a_fraction_and_refuses_bad_values_in_one_line(monkeypatch):
     """The busy loops' nice levels give ~1/K of the core (Linux's CFS weights, nearest level); whole K as before.
     Values under 1, not a number, or above the cap are refused before anything starts, in one line."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a CPU run on several threads is refused (the test above)
     from flux_cp.checks import MAX_HOST_SLOWDOWN, resolve
     from flux_cp.config import ConfigError, parse_config
     from flux_cp.measure.host_load import applied, plan

@@ -205,7 +205,8 @@ def to_sweep(plans: list[Plan], base_args: list[str], out, name: str, timeout_s:
         for k, v in p.settings.items():
             if v is not None:
                 args += _flag(k, v)
-        args += ["--output", str(out / p.name), "--group", name]
+        # the sweep owns its run folders: it reruns only unfinished ones, over what they left
+        args += ["--output", str(out / p.name), "--group", name, "--overwrite"]
         shape = {"seq_len": None, "batch": p.settings.get("data.global_batch"), "world": p.world}
         runs.append(Run(p.name, {"plan": p.name}, args, out / p.name, steps or 0, shape, 1))
     return Sweep(name, "(plan)", out, runs, timeout_s)

@@ -3,8 +3,8 @@
     runs/<run_name>/<UTC time>/      default: one per run (torchtitan's timestamped dumps); `runs/<run_name>/latest`
                                      points at the newest. Launched by torchrun / SLURM: the job id instead of the time.
     --output DIR                     as given; refused (exit 2, before any rank starts) while another live run holds
-                                     its lock, when it holds a run, complete or not (unless --overwrite), or when it cannot
-                                     be written.
+                                     its lock, when it holds a run, complete or not (unless --overwrite), or
+                                     when it cannot be written.
 
 The launcher process claims the folder (lock file with its pid), before Lightning starts the other ranks, which
 find the folder in FLUX_CP_RUN_DIR; the lock goes at exit, and one whose pid is gone is taken over. A run that

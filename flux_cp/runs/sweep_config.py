@@ -176,7 +176,8 @@ def load_sweep(
         args = ["--config", str(config)]
         for k, v in settings.items():
             args += [] if v is None else _flag(k, v)  # null: not passed (the config's value, or the default)
-        args += ["--output", str(out / run_name), "--group", name, "--overwrite"]  # the sweep owns its run folders; it reruns only unfinished ones
+        # the sweep owns its run folders: it reruns only unfinished ones, over what they left
+        args += ["--output", str(out / run_name), "--group", name, "--overwrite"]
         try:
             cfg = resolve(parse_config(args, cuda_available=cuda_available), cuda_available=cuda_available,
                           gpu_count=gpu_count)
