@@ -123,7 +123,7 @@ class OpTimingCallback(Callback):
         self._ended: dict | None = None  # the last step closed: its loop period runs until the next step starts
         self._gc = GcClock()  # Python's collections: gc_ms, the part of a step's loop_ms spent in them
         self.twin = None  # callbacks/twin.py's BareTwinCallback, when --interleave-bare is on
-        self._trainer = None  # for the stop thread (stopped), from on_train_start
+        self._trainer = self._module = None  # for the stop thread (stopped), from on_train_start
         self._stopping = False  # the stop thread is recording: nothing goes to the logger any more
 
     def step_kind(self, batch_idx: int, cuda: bool, instruments: bool) -> str:
@@ -139,7 +139,7 @@ class OpTimingCallback(Callback):
 
     def on_train_start(self, trainer, pl_module):  # after the module's on_fit_start built the strategy
         # the backend the strategy actually uses (`auto` can be pinned, e.g. flash under torch CP)
-        self._trainer = trainer
+        self._trainer, self._module = trainer, pl_module
         self.summary.header["sdpa_backend"] = pl_module.step.strategy.sdpa_backend
         self.summary.header["sdpa_kernel"] = pl_module.step.sdpa_kernel  # what that setting ran
         self.summary.header["optimizer_params"] = pl_module.optimizer_params  # this rank's share under ZeRO
@@ -349,6 +349,8 @@ class OpTimingCallback(Callback):
         self._stopping = True
         self._remove_gc_hook()
         if self._trainer is not None:
+            self._in_loop = False
+            self._drain(self._trainer, self._module, float("inf"))  # the steps the device has finished: no wait
             while self._read:
                 self._ingest(self._trainer, *self._read.pop(0), collective=False)
         name = signal.Signals(signum).name

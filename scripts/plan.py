@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from flux_cp.config import ConfigError, parse_config  # noqa: E402
-from flux_cp.plan.cli import Parser, at_least, check_folder, first_sentences, items, load_link, positive  # noqa: E402
+from flux_cp.runs.cli import Parser, at_least, check_folder, first_sentences, items, load_link, positive  # noqa: E402
 from flux_cp.runs.failures import EXIT_CONFIG  # noqa: E402
 
 DEFAULT_ROOT = Path("plans")  # git-ignored: a plan's runs are measurements of this machine, not sources
@@ -300,8 +300,8 @@ def _ms(x: float) -> str:
 
 
 def _map(root: Path) -> int:
-    from flux_cp.plan.cli import unwritable
     from flux_cp.plan.decision_map import MapError, draw, load_map, render_markdown
+    from flux_cp.runs.cli import unwritable
 
     def refuse(why: str) -> int:
         print(f"plan.py: error: --map {root}: {why}", file=sys.stderr)

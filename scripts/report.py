@@ -15,7 +15,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from flux_cp.config import ConfigError  # noqa: E402
-from flux_cp.plan.cli import Parser, check_folder, first_sentences, load_link, positive, unwritable  # noqa: E402
 from flux_cp.predict import links  # noqa: E402
 from flux_cp.report import (  # noqa: E402
     ReportError,
@@ -26,6 +25,7 @@ from flux_cp.report import (  # noqa: E402
     wandb_report,
     write,
 )
+from flux_cp.runs.cli import Parser, check_folder, first_sentences, load_link, positive, unwritable  # noqa: E402
 
 
 def parser() -> Parser:

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from flux_cp.config import ConfigError  # noqa: E402
-from flux_cp.plan.cli import Parser, at_least, check_folder, first_sentences, positive  # noqa: E402
+from flux_cp.runs.cli import Parser, at_least, check_folder, first_sentences, positive  # noqa: E402
 from flux_cp.runs.failures import EXIT_CONFIG, EXIT_INTERRUPTED  # noqa: E402
 from flux_cp.train import compile_cache  # noqa: E402
 
