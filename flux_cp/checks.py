@@ -79,6 +79,8 @@ def resolve(
         raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
     if run.timeout_s <= 0:
         raise ConfigError(f"--timeout-s {run.timeout_s}: must be > 0 seconds")
+    if not 0 < run.lr < float("inf"):  # NaN fails too
+        raise ConfigError(f"--lr {run.lr:g}: AdamW's learning rate must be > 0 (e.g. 1e-4)")
     if run.compile and run.warmup_steps < 2:
         raise ConfigError(
             f"--warmup-steps {run.warmup_steps}: --compile compiles (and may recompile) in warm-up; use >= 2"

@@ -358,12 +358,16 @@ def parse_config(argv: list[str] | None = None, *, cuda_available: bool | None =
 
 def _read_config(config_file: str) -> str:
     path = Path(config_file)
+    if path.is_dir():
+        raise ConfigError(f"--config {config_file}: a folder, not a YAML file (choose one of {CONFIG_DIR}/*.yaml)")
     if not path.is_file():
         raise ConfigError(f"--config {config_file}: file not found (choose one of {CONFIG_DIR}/*.yaml)")
     try:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"--config {config_file}: unreadable ({e.strerror})") from None
+    if not text.strip():
+        raise ConfigError(f"--config {config_file}: empty (a YAML of settings, e.g. configs/tiny.yaml)")
     if _is_sweep(text):
         raise ConfigError(f"--config {config_file}: a sweep file (a grid of runs), not a run's settings: run "
                           f"python scripts/sweep.py {config_file}")

@@ -32,7 +32,11 @@ ROWS = [
     ("train_bench", ["--model.mlp_ratio", "0"], "--model.mlp_ratio 0.0: must be > 0"),
     ("train_bench", ["--ops-only", "--reps", "0"], "--reps 0: must be >= 1"),
     ("train_bench", ["--timeout-s", "inf"], "--timeout-s inf: expected a number"),
-    ("train_bench", ["--config", "{tmp}/d"], "--config {tmp}/d: file not found"),
+    ("train_bench", ["--config", "{tmp}/d"], "--config {tmp}/d: a folder, not a YAML file"),
+    ("train_bench", ["--config", "{tmp}/afile"], "--config {tmp}/afile: empty"),
+    ("train_bench", ["--config", "{tmp}/nofile.yaml"], "--config {tmp}/nofile.yaml: file not found"),
+    ("train_bench", ["--lr", "-1"], "--lr -1: AdamW's learning rate must be > 0"),
+    ("train_bench", ["--lr", "0"], "--lr 0: AdamW's learning rate must be > 0"),
 
     ("plan", [*W2, "--output", "{tmp}/afile"],
      "--output {tmp}/afile: a file is in the way"),
