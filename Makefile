@@ -25,10 +25,10 @@ bench: setup
 
 test: setup  # the CPU tests but the slow fault and sweep cases (CI runs both sets: .ci/run); two workers, a test
 	# file each (its module fixtures run once): most tests wait on single-threaded start-ups of train_bench processes
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow" $(ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow" --durations=10 $(ARGS)
 
 test-slow: setup  # hung and killed ranks, a sweep's out-of-memory run and resume
-	$(BIN)/python -m pytest -q -n 2 -m slow $(ARGS)  # two at a time: the hung-rank cases mostly wait
+	$(BIN)/python -m pytest -q -n 2 -m slow --durations=10 $(ARGS)  # two at a time: the hung-rank cases mostly wait
 
 lint: setup
 	$(BIN)/ruff check .

@@ -1,7 +1,9 @@
+import atexit
 import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,13 +19,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_idle_servers: list = []  # warm servers not running a run: one per run at a time (tests start runs from threads)
+_servers_lock = threading.Lock()
+
+
 def bench(*args, timeout=300, env=None):
-    """Run train_bench.py as a user would: a real process (Lightning launches the ranks)."""
+    """Run train_bench.py as a user would: a process of its own (Lightning launches the ranks), forked from a process
+    that has done the imports where the run's environment allows (tests/forkserver.py), else started cold."""
+    from tests.forkserver import ForkServer
+
     e = {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_SILENT": "true", **(env or {})}
     e.pop("LOCAL_RANK", None)
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT
-    )
+    argv = [str(SCRIPT), *map(str, args)]
+    if os.environ.get("FLUX_CP_COLD_RUNS") == "1" or not ForkServer.warm_enough(e):  # =1: never forked
+        return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=e,
+                              cwd=ROOT)
+    with _servers_lock:
+        server = _idle_servers.pop() if _idle_servers else None
+    if server is None or not server.alive:
+        server = ForkServer(ROOT)
+        atexit.register(server.close)
+    try:
+        return server.run(argv, e, ROOT, timeout)
+    finally:
+        if server.alive:
+            with _servers_lock:
+                _idle_servers.append(server)
 
 
 def train_bench():

@@ -49,13 +49,15 @@ class StopGuard:
         (self.final_hooks if final else self.hooks).append(hook)
 
     def _watch(self) -> None:
-        try:
-            data = os.read(self._fds[0], 1)
-        except OSError:  # closed by uninstall
-            return
-        if not data:
-            return
-        signum = data[0]
+        signum = None
+        while signum is None:  # the pipe carries every signal Python handles (a SIGCHLD too, where one is handled)
+            try:
+                data = os.read(self._fds[0], 64)
+            except OSError:  # closed by uninstall
+                return
+            if not data:
+                return
+            signum = next((b for b in data if b in SIGNALS), None)
         self.stopping.set()
         if not self.launcher:  # a Ctrl-C reaches every rank: the launcher records the run and ends this one
             time.sleep(CHILD_GRACE_S)

@@ -72,7 +72,9 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     m = d["metrics"]["step_ms"]
     w = world(d)
     simulated = d.get("simulate") or d.get("simulate_world")
-    line = f"W={w}{' (simulated)' if simulated else ''}: step {_ms(m['median'])} ms{_work(d)}"
+    st = d.get("steadiness")
+    ci = f" (95% CI {_ms(st['ci95'][0])}-{_ms(st['ci95'][1])}, {st['n']} steps)" if st and st.get("ci95") else ""
+    line = f"W={w}{' (simulated)' if simulated else ''}: step {_ms(m['median'])} ms{ci}{_work(d)}"
     ranked = d.get("ranked") or {}
     priced = bool(simulated and ranked.get("link"))  # its collectives priced on a link profile
     step = ranked["step_ms"] if priced else m["median"]
@@ -111,7 +113,6 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
     else:
         line += ", no W=1 baseline with this config yet"
         nxt = f"python scripts/train_bench.py{flags} --devices 1 --cp none   (the baseline)"
-    st = d.get("steadiness")
     if st is not None:  # the tool's own test of the median (its 95% interval, drift, two modes)
         if not st["steady"]:
             line += (f", not steady ({', '.join(st['problems'])}; steps {_ms(m['min'])}-{_ms(m['max'])} ms): a smoke "
