@@ -79,6 +79,12 @@ def resolve(
         raise ConfigError(f"--steps {run.steps} --warmup-steps {run.warmup_steps}: need steps >= 1, warmup >= 0")
     if run.timeout_s <= 0:
         raise ConfigError(f"--timeout-s {run.timeout_s}: must be > 0 seconds")
+    if not 0 < run.checkpoint_fraction <= 1:  # NaN fails too
+        raise ConfigError(f"--checkpoint-fraction {run.checkpoint_fraction:g}: a share of the blocks in (0, 1] "
+                          "(0.5: the first half checkpointed)")
+    if run.checkpoint_fraction != 1 and run.checkpointing == "none":
+        raise ConfigError(f"--checkpoint-fraction {run.checkpoint_fraction:g}: with --checkpointing none it covers "
+                          "nothing (add --checkpointing full or selective)")
     if not 0 < run.lr < float("inf"):  # NaN fails too
         raise ConfigError(f"--lr {run.lr:g}: AdamW's learning rate must be > 0 (e.g. 1e-4)")
     if run.compile and run.warmup_steps < 2:

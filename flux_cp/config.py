@@ -160,6 +160,10 @@ class RunConfig:
     # CUDA: the whole step (forward, backward, gradient sync, optimizer) captured in one CUDA graph at the last warm-up
     # step and replayed after it: the host issues a step in a few launches
     step_graph: bool = False
+    # activation checkpointing (flux_cp/train/checkpointing.py): none; full (a block's forward again in its backward);
+    # selective (the GEMMs' and attention's outputs kept, the elementwise ops recomputed, torchtitan's op policy)
+    checkpointing: Literal["none", "selective", "full"] = "none"
+    checkpoint_fraction: float = 1.0  # --checkpointing full|selective: the share of the blocks covered, the first ones
     # the AdaLN modulation linears (conditioning vector -> shifts, scales, gates: a cost that does not shrink with
     # the tokens a rank holds) split over the CP group by output features, one all-gather each
     split_conditioning: bool = False
@@ -229,6 +233,7 @@ RUN_GROUPS = {
                     "rotate", "ulysses_qkv", "ulysses_overlap",
                     "sdpa_backend", "split_conditioning", "simulate_world", "simulate_rank"),
     "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),
+    "Memory": ("checkpointing", "checkpoint_fraction"),  # not bookkeeping: recompute is step time
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step
     "Contention": ("contention", "contention_ctas"),  # not bookkeeping: it changes the measured step
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",
@@ -446,4 +451,6 @@ def run_name(cfg: BenchConfig, mode: str = "train") -> str:
         compiled = "-compiled" + ("" if run.compile_mode == "default" else f"-{run.compile_mode}")
         compiled += "-model" if run.compile_scope == "model" else ""
     bare = "-bare" if run.harness == "bare" else ""
+    if run.checkpointing != "none":
+        compiled += f"-ac{run.checkpointing}" + ("" if run.checkpoint_fraction == 1 else f"{run.checkpoint_fraction:g}")
     return f"{mode}-{w}{dp}-{run.cp}{fsdp}-s{cfg.data.seq_len}{compiled}{bare}"

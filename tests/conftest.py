@@ -21,6 +21,9 @@ def free_port() -> int:
 
 _idle_servers: list = []  # warm servers not running a run: one per run at a time (tests start runs from threads)
 _servers_lock = threading.Lock()
+# at most two runs at once a test worker (a server each): on two cores more only share them, and each new server
+# costs a cold start; a third concurrent run waits for one (the runs tests start together do not wait on each other)
+_server_slots = threading.BoundedSemaphore(2)
 
 
 def bench(*args, timeout=300, env=None):
@@ -34,17 +37,18 @@ def bench(*args, timeout=300, env=None):
     if os.environ.get("FLUX_CP_COLD_RUNS") == "1" or not ForkServer.warm_enough(e):  # =1: never forked
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=e,
                               cwd=ROOT)
-    with _servers_lock:
-        server = _idle_servers.pop() if _idle_servers else None
-    if server is None or not server.alive:
-        server = ForkServer(ROOT)
-        atexit.register(server.close)
-    try:
-        return server.run(argv, e, ROOT, timeout)
-    finally:
-        if server.alive:
-            with _servers_lock:
-                _idle_servers.append(server)
+    with _server_slots:
+        with _servers_lock:
+            server = _idle_servers.pop() if _idle_servers else None
+        if server is None or not server.alive:
+            server = ForkServer(ROOT)
+            atexit.register(server.close)
+        try:
+            return server.run(argv, e, ROOT, timeout)
+        finally:
+            if server.alive:
+                with _servers_lock:
+                    _idle_servers.append(server)
 
 
 def train_bench():

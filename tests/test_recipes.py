@@ -36,10 +36,10 @@ def _cpu_form(recipe: Path) -> tuple:
     return tuple(sorted(s.items()))
 
 
-# a compiled recipe at W=2 only: four ranks compiling at once on CI's two cores take minutes; a recipe whose CPU form
-# is another's (ulysses_ddp_step_graph's eager step is ulysses_ddp's) runs once (its graph: tests/test_gpu.py)
-CASES = sorted({(_cpu_form(r), w): (r, w) for r in reversed(RECIPES)
-                for w in ((2,) if _compiled(r) else (2, 4))}.values())
+# each recipe at W=2: what it sets trains as one process; each strategy's exactness at W = 3 and 4 is
+# tests/test_numerics.py's and test_tp.py's (four ranks a recipe took a minute of CI's two cores each). A recipe whose
+# CPU form is another's (ulysses_ddp_step_graph's eager step is ulysses_ddp's) runs once (its graph: tests/test_gpu.py)
+CASES = sorted({(_cpu_form(r), 2): (r, 2) for r in reversed(RECIPES)}.values())
 
 
 @pytest.fixture(scope="module")

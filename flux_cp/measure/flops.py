@@ -94,3 +94,17 @@ def cpu_step_estimate_s(cfg, samples: int, rate: float) -> float:
     """Seconds a training step of `samples` samples takes on this CPU at `rate` FLOP/s: model FLOPs alone (the
     elementwise work and the overheads add to it), so an estimate from below."""
     return 3.0 * model_flops(cfg.model, cfg.data)["total"] * samples / rate
+
+
+def hardware_flops_factor(checkpointing: str, fraction: float = 1.0) -> float:
+    """Hardware FLOPs / model FLOPs of a training step under activation checkpointing: full recompute runs the
+    covered blocks' forward again (4 forwards' work where the model's is 3); selective keeps the GEMMs' and attention's
+    outputs, so it recomputes no counted FLOPs (its elementwise recompute is memory-bound, not in either count). MFU
+    stays in model FLOPs; summary.json's throughput carries the hardware figure beside it."""
+    from flux_cp.config import ConfigError
+
+    if checkpointing == "full":
+        return 1 + fraction / 3
+    if checkpointing in ("none", "selective"):
+        return 1.0
+    raise ConfigError(f"--checkpointing {checkpointing}: choose one of none, selective, full")

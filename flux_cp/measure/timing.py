@@ -252,7 +252,8 @@ class StepTimer:
         self._step: dict = {}
 
     def open(self, name: str):
-        if not self._regions_on:
+        # a forward recomputed inside the backward (activation checkpointing): not the forward's region again
+        if not self._regions_on or torch._C._current_graph_task_id() != -1:
             return _NoCall
         call = _Call(name, self.clock, self.annotate)
         self._calls.append(call)

@@ -136,6 +136,17 @@ def peak_memory(cuda: bool) -> dict:
     return {"host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
 
 
+def checkpointing_header(cfg) -> dict:
+    from flux_cp.measure.flops import hardware_flops_factor
+    from flux_cp.train.checkpointing import covered
+
+    run, m = cfg.run, cfg.model
+    n = m.double_blocks + m.single_blocks
+    blocks = covered(n, run.checkpointing, run.checkpoint_fraction)
+    return {"mode": run.checkpointing, "fraction": run.checkpoint_fraction, "blocks": blocks,
+            "hardware_flops_factor": hardware_flops_factor(run.checkpointing, blocks / n)}
+
+
 def train_header(cfg, params: int) -> dict:
     """summary.json's fields that describe a training run (either harness) before it measures anything."""
     from flux_cp.config import run_name
@@ -171,6 +182,8 @@ def train_header(cfg, params: int) -> dict:
         "compile": {"enabled": run.compile, "mode": run.compile_mode if run.compile else None,
                     "backend": run.compile_backend if run.compile else None,
                     "scope": run.compile_scope if run.compile else None},
+        # activation checkpointing: the mode, the blocks it covers, hardware FLOPs / model FLOPs (recompute)
+        "checkpointing": checkpointing_header(cfg),
         "step_graph": run.step_graph,  # the whole step replayed from one CUDA graph after warm-up (train/step_graph.py)
         # regions would split compiled graphs: off under --compile; the bare loop has none
         "op_regions": run.timing and not run.compile and run.harness == "lightning",

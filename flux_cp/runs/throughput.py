@@ -36,6 +36,10 @@ def throughput_of(d: dict, step_ms: float | None = None) -> dict:
     basis = "a simulated rank's compute, collectives not priced" if d.get("collectives") == "fake" else "measured"
     peak, samples, world = work["peak"], work["samples"], work["world"]
     out |= {"peak_flops": peak, "peak_source": work["peak_source"], "basis": basis, "step_ms": step_ms}
+    factor = (d.get("checkpointing") or {}).get("hardware_flops_factor", 1.0)  # recompute: not in MFU's numerator
+    out["hardware_flops_per_step"] = out["model_flops_per_step"] * factor
+    if step_ms:
+        out["hardware_tflops_per_gpu"] = out["hardware_flops_per_step"] / (step_ms / 1e3) / world / 1e12
     bd = (d.get("profile") or {}).get("breakdown_ms")
     if bd:  # --profile: each part's kernel time a step against its model FLOPs (3 x forward): where MFU is lost
         parts = {}

@@ -27,6 +27,7 @@ from flux_cp.parallel.cp import apply_cp, shard, split_conditioning
 from flux_cp.parallel.registry import make_strategy
 from flux_cp.parallel.tp import apply_tp, dp_sync_off, rope_tables
 from flux_cp.parallel.ulysses_overlap import overlap_single_blocks
+from flux_cp.train.checkpointing import apply_checkpointing
 from flux_cp.train.step_graph import StepGraph
 
 
@@ -100,6 +101,8 @@ class FluxStep:
             overlap_single_blocks(model, self.strategy)
         if run.split_conditioning:
             split_conditioning(model, self.strategy)
+        # below compile (dynamo traces the checkpoint), above the strategies' processors (recomputed with the block)
+        self.checkpointed = apply_checkpointing(model, run.checkpointing, run.checkpoint_fraction)
         if run.compile:
             compile_model(model, run)
         # --contention: each collective's traffic on the GPU beside the compute; none left by an earlier run in-process
