@@ -384,3 +384,23 @@ def test_contention_changes_no_loss_and_records_its_traffic(tmp_path, harness, g
     # blocking ones are seen where Python runs the step: every eager step, the capture (replays run none)
     assert c["left_out"]["blocking"] >= (warmup if graph else n) * (len(step) - len(traffic)) > 0
     assert c["replayed"] == ((steps + 1) * len(traffic) if graph else 0)  # the capture step replays too
+
+
+@pytest.mark.parametrize("extra", [("--cp", "torch"), ("--cp", "torch", "--compile", "true", "--warmup-steps", 2)],
+                         ids=["ring", "ring-compiled"])
+def test_checkpointing_trains_as_without_on_cuda(tmp_path, extra):
+    """torch's ring at world size 1 (its dispatch under the recompute: the CP context spans the backward), fp32
+    (the efficient kernel): full and selective activation checkpointing give the losses of no checkpointing, eager
+    and compiled per block (dynamo traces the checkpoint and the selective policy); the recompute opens no timing
+    region (the SDPA forward's figure stays that of the forward alone)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    args = ("--precision", "32-true", "--steps", 8, "--warmup-steps", 2, "--regions-every", 1, *extra)
+    runs = {m: _gpu_run(tmp_path / m, *args, "--checkpointing", m) for m in ("none", "selective", "full")}
+    for m in ("selective", "full"):
+        torch.testing.assert_close(torch.tensor(runs[m]["loss"]), torch.tensor(runs["none"]["loss"]), rtol=1e-4,
+                                   atol=0, msg=lambda msg, m=m: f"{m}: {msg}")
+        assert runs[m]["checkpointing"]["blocks"] == 4
+    if "--compile" not in extra:  # the regions' figures: the recompute's SDPA calls not counted as forward
+        n = {m: runs[m]["metrics"]["sdpa_fwd_ms"]["median"] for m in runs}
+        assert n["full"] < 1.5 * n["none"], n
