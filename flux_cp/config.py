@@ -160,7 +160,7 @@ class RunConfig:
     # CUDA: the whole step (forward, backward, gradient sync, optimizer) captured in one CUDA graph at the last warm-up
     # step and replayed after it: the host issues a step in a few launches
     step_graph: bool = False
-    # activation checkpointing (flux_cp/train/checkpointing.py): none; full (a block's forward again in its backward);
+    # activation checkpointing: none; full (a block's forward again in its backward);
     # selective (the GEMMs' and attention's outputs kept, the elementwise ops recomputed, torchtitan's op policy)
     checkpointing: Literal["none", "selective", "full"] = "none"
     checkpoint_fraction: float = 1.0  # --checkpointing full|selective: the share of the blocks covered, the first ones

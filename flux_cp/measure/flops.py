@@ -96,6 +96,12 @@ def cpu_step_estimate_s(cfg, samples: int, rate: float) -> float:
     return 3.0 * model_flops(cfg.model, cfg.data)["total"] * samples / rate
 
 
+def covered(n_blocks: int, mode: str, fraction: float = 1.0) -> int:
+    """How many of n blocks checkpointing covers: the first round(fraction x n) in forward order (their activations
+    live longest: the backward reaches them last), at least one."""
+    return 0 if mode == "none" else max(1, round(fraction * n_blocks))
+
+
 def hardware_flops_factor(checkpointing: str, fraction: float = 1.0) -> float:
     """Hardware FLOPs / model FLOPs of a training step under activation checkpointing: full recompute runs the
     covered blocks' forward again (4 forwards' work where the model's is 3); selective keeps the GEMMs' and attention's

@@ -137,8 +137,7 @@ def peak_memory(cuda: bool) -> dict:
 
 
 def checkpointing_header(cfg) -> dict:
-    from flux_cp.measure.flops import hardware_flops_factor
-    from flux_cp.train.checkpointing import covered
+    from flux_cp.measure.flops import covered, hardware_flops_factor
 
     run, m = cfg.run, cfg.model
     n = m.double_blocks + m.single_blocks

@@ -18,6 +18,8 @@ import functools
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from flux_cp.measure.flops import covered
+
 MODES = ("none", "selective", "full")
 
 # kept by selective checkpointing: the matmuls (the FLOPs) and attention (its kernel's own saved statistics with it)
@@ -39,12 +41,6 @@ def _policy(ctx, func, *args, **kwargs):
 
 def _selective_context():
     return create_selective_checkpoint_contexts(_policy)
-
-
-def covered(n_blocks: int, mode: str, fraction: float = 1.0) -> int:
-    """How many of n blocks checkpointing covers: the first round(fraction x n) in forward order (their activations
-    live longest: the backward reaches them last), at least one."""
-    return 0 if mode == "none" else max(1, round(fraction * n_blocks))
 
 
 def apply_checkpointing(model, mode: str, fraction: float = 1.0) -> int:
