@@ -48,6 +48,8 @@ def parser() -> Parser:
                    "the step replayed from one CUDA graph; GPU only; each compiles for ~30-60 s). Default: eager (a "
                    "cell of ~30 plans in ~3 minutes of an H100)")
     p.add_argument("--cp", default=None, help="strategies within a group, comma-separated (default: all that apply)")
+    p.add_argument("--checkpointing", default="none", help="activation checkpointing modes, comma-separated: none, "
+                   "selective, full (each plan in each; the memory estimate prunes by what each keeps).")
     p.add_argument("--weights", default="ddp,zero2,zero2f,fsdp", help="weights modes, comma-separated (zero2f: ZeRO-2 "
                    "gathering its parameters under the next forward)")
     p.add_argument("--only", default=None, metavar="PLAN,...", help="run only these plans (names as the table "
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
-    from flux_cp.plan.plans import CP_KINDS, WEIGHTS, enumerate_plans
+    from flux_cp.plan.plans import CHECKPOINTING, CP_KINDS, WEIGHTS, enumerate_plans
 
     console = Console(stderr=True)
     cuda = torch.cuda.is_available()
@@ -101,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         if bad := [c for c in cps if c not in CP_KINDS]:
             raise ConfigError(f"--cp {a.cp}: {', '.join(bad)} unknown (choose from {', '.join(CP_KINDS)})")
         weights = tuple(items("--weights", a.weights))
+        checkpointing = tuple(items("--checkpointing", a.checkpointing))
+        if bad := [x for x in checkpointing if x not in CHECKPOINTING]:
+            raise ConfigError(f"--checkpointing {a.checkpointing}: {', '.join(bad)} unknown (choose from "
+                              f"{', '.join(CHECKPOINTING)})")
         if bad := [w for w in weights if w not in WEIGHTS]:
             raise ConfigError(f"--weights {a.weights}: {', '.join(bad)} unknown (choose from {', '.join(WEIGHTS)})")
         only = set(items("--only", a.only)) if a.only is not None else None
@@ -114,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = [(S if S is not None else cfg.data.seq_len, B, W) for S, B, W in cells]
         # every cell's plans before any runs: a bad cell is refused before the first plan's minutes go
         planned = [(S, B, W, enumerate_plans(cfg, S, B, W, builds=builds, cps=cps, weights=weights,
-                                             memory_gib_limit=mem, on_gpu=cuda)) for S, B, W in cells]
+                                             checkpointing=checkpointing, memory_gib_limit=mem, on_gpu=cuda))
+                   for S, B, W in cells]
         _select(only, planned, a.cells is not None)
         if not a.dry_run:
             for S, B, W, plans in planned:

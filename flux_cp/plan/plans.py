@@ -36,6 +36,11 @@ GRAPH_WARMUP = 12  # the step graph captures at the last warm-up step, after com
 # tokens, 17.6 / 10.9 vs 16.4 / 12.2 (Ulysses x 8, DDP / ZeRO-2), 24.4 / 17.7 vs 24.0 / 19.7 (B = 32, W = 8, DDP /
 # ZeRO-2). Only for pruning; the ranked table shows measured peaks.
 ACTIVATION_PER_TOKEN = 19.4
+# The same under activation checkpointing (--checkpointing), from Flux.1's measured peaks (H100, FSDP over 8, 4608
+# tokens, 1-4 samples a rank, 2026-12-07 [P]): selective keeps the GEMMs' and attention's outputs, ~14.5 GiB a sample
+# against none's ~29; full keeps each block's input (~1 unit), and one block's whole activations while it recomputes
+CHECKPOINTED_PER_TOKEN = {"none": ACTIVATION_PER_TOKEN, "selective": 9.5, "full": 1.0}
+CHECKPOINTING = ("none", "selective", "full")
 HEADROOM = 0.95  # of the device's memory a plan may fill: the CUDA context and the allocator's fragmentation
 BYTES = {"bf16-true": 2, "32-true": 4, "64-true": 8}
 
@@ -51,6 +56,7 @@ class Plan:
     pruned: str | None = None  # why it does not run
     memory_gib: float | None = None  # estimated peak a rank
     accumulate: int = 1  # micro-batches a step (--micro-batches), where B / dp samples at once do not fit
+    checkpointing: str = "none"  # activation checkpointing (--checkpointing)
 
     @property
     def world(self) -> int:
@@ -59,7 +65,8 @@ class Plan:
     @property
     def name(self) -> str:
         par = f"dp{self.dp}" if self.cp_degree == 1 else f"dp{self.dp}x{self.cp}{self.cp_degree}"
-        return f"{par}-{self.weights}-{self.build}" + (f"-acc{self.accumulate}" if self.accumulate > 1 else "")
+        ac = "" if self.checkpointing == "none" else f"-ac{self.checkpointing}"
+        return f"{par}-{self.weights}-{self.build}{ac}" + (f"-acc{self.accumulate}" if self.accumulate > 1 else "")
 
     @property
     def baseline(self) -> bool:
@@ -95,7 +102,10 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         weights = 4 * b * n / W
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
     tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len  # a micro-batch's, before any split
-    acts = ACTIVATION_PER_TOKEN * b * cfg.model.hidden * tokens / plan.cp_degree * blocks
+    per_token = b * cfg.model.hidden * tokens / plan.cp_degree  # bytes of one unit, a rank's tokens
+    acts = CHECKPOINTED_PER_TOKEN[plan.checkpointing] * per_token * blocks
+    if plan.checkpointing == "full":  # the block being recomputed holds its whole activations meanwhile
+        acts += ACTIVATION_PER_TOKEN * per_token
     if plan.cp == "tp":  # each column-parallel linear keeps its all-gathered input whole, every token (its weight's
         # gradient reads them all): a double block gathers twice (attention, MLP), a single block once
         gathered = 2 * cfg.model.double_blocks + cfg.model.single_blocks
@@ -115,7 +125,7 @@ def count_params(cfg: BenchConfig) -> int:
 
 def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: int, *, builds=("eager",),
                     cps=CP_KINDS, weights=WEIGHTS, memory_gib_limit: float | None = None, on_gpu: bool = True,
-                    params: int | None = None) -> list[Plan]:
+                    params: int | None = None, checkpointing=("none",)) -> list[Plan]:
     """Every plan of the cell, those that cannot run with `pruned` set. cfg: the model config (its run settings are
     the plans' base: precision, steps, ...)."""
     cell = cell_settings(cfg, seq_len, global_batch)
@@ -128,10 +138,12 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
             for w in weights:
                 if world == 1 and w != "ddp":  # one rank: nothing to shard, nothing to sync
                     continue
-                for build in builds:
-                    p = Plan(world // c, c, cp, w, build)
+                for build, ac in ((b, a) for b in builds for a in checkpointing):
+                    p = Plan(world // c, c, cp, w, build, checkpointing=ac)
                     p.settings = {**cell, "cp": cp, "cp_degree": c, **WEIGHT_SETTINGS[w], **BUILDS[build],
                                   "simulate_world": world if world > 1 else None}
+                    if ac != "none":
+                        p.settings["checkpointing"] = ac
                     if build == "graph":
                         p.settings["warmup_steps"] = max(GRAPH_WARMUP, cfg.run.warmup_steps)
                     p.pruned, resolved = _check(cfg, p.settings, on_gpu)
