@@ -116,6 +116,7 @@ def test_in_process_sweep_leaves_a_process_whose_cuda_state_is_lost(tmp_path):
             assert second["status"] == "ok" and (Path(second["output"]) / "summary.json").is_file()
 
 
+@pytest.mark.slow  # sweeps of real runs: the slow set (make test-slow, CI)
 def test_in_process_sweep_trains_as_separate_processes(tmp_path):
     """--in-process: every run in the sweep's own process (imports once): the same losses as one process per run,
     a sweep with a run of several processes is refused up front."""
@@ -341,6 +342,7 @@ def test_every_attempt_keeps_its_exit_code_across_a_resume(tmp_path):
     assert second2["attempts"] == [{"exit_code": 0, "status": "ok", "finished": second["finished"]}]
 
 
+@pytest.mark.slow  # sweeps of real runs: the slow set (make test-slow, CI)
 def test_only_runs_a_slice_and_the_index_keeps_the_other_slices(tmp_path):
     """--only: the runs whose names match its globs run, the others do not; a second slice into the same folder
     keeps the first slice's records, so one sweep.json lists both, complete; a glob that matches nothing is refused
