@@ -47,7 +47,7 @@ ROWS = [
     ("plan", ["--global-batch", "1", "--world", "1", "--output", "{tmp}/plan"],
      "--output {tmp}/plan: holds the plan of S144-B2-W2, not S144-B1-W1's"),
     ("plan", [*W2, "--link", "nolink"], "--link nolink: no such link profile"),
-    ("plan", [*W2, "--checkpointing", "some"], "--checkpointing some: some unknown (choose from none, selective, full)"),
+    ("plan", [*W2, "--checkpointing", "some"], "--checkpointing some: some unknown (choose from none, selective"),
     ("plan", [*W2, "--link", "{tmp}/afile"], "--link {tmp}/afile: not a link profile"),
     ("plan", [*W2, "--memory-gib", "0"], "--memory-gib 0: must be a number of GiB > 0"),
     ("plan", [*W2, "--memory-gib", "nan"], "--memory-gib nan: must be a number"),
