@@ -1,5 +1,5 @@
 # Quick start: `make bench` (set-up + the main job on its default), `make test` (set-up + the CPU tests; CI also
-# runs `make test-slow`, the slow fault and sweep cases).
+# runs `make test-slow`: the fault cases, sweeps of real runs, compiling on the CPU).
 PY ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
@@ -23,11 +23,11 @@ setup: $(VENV)/.installed
 bench: setup
 	$(BIN)/python scripts/train_bench.py $(ARGS)
 
-test: setup  # the CPU tests but the slow fault and sweep cases (CI runs both sets: .ci/run); two workers, a test
+test: setup  # the CPU tests but the slow set (CI runs both sets: .ci/run); two workers, a test
 	# file each (its module fixtures run once): most tests wait on single-threaded start-ups of train_bench processes
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow" --durations=10 $(ARGS)
 
-test-slow: setup  # hung and killed ranks, a sweep's out-of-memory run and resume
+test-slow: setup  # hung and killed ranks, interrupts, sweeps of real runs (OOM, resume), compiling on the CPU
 	$(BIN)/python -m pytest -q -n 2 -m slow --durations=10 $(ARGS)  # two at a time: the hung-rank cases mostly wait
 
 lint: setup

@@ -38,6 +38,7 @@ def test_cp_matches_single_process(single_process, tmp_path, devices, cp, extra)
     assert_exact(got, single_process(1), rtol=1e-12)
 
 
+@pytest.mark.slow  # compiles on the CPU (dynamo, inductor or aot_eager): the slow set (make test-slow, CI)
 @pytest.mark.parametrize(("scope", "cp", "extra"), [("blocks", "allgather-kv", ()), ("model", "allgather-kv", ()),
                                                     ("blocks", "ulysses", ("--ulysses-overlap", "true"))])
 def test_compiled_matches_eager(single_process, tmp_path, scope, cp, extra):

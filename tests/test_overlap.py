@@ -130,6 +130,7 @@ def assert_gemm_between_issue_and_wait(graphs: list[list[str]]) -> None:
                 assert g[i + 1].startswith("extern_kernels."), g
 
 
+@pytest.mark.slow  # compiles on the CPU (dynamo, inductor or aot_eager): the slow set (make test-slow, CI)
 def test_inductor_keeps_the_mlp_gemms_between_issue_and_wait():
     """Inductor on CPU (its scheduler is the GPU's; tests/test_gpu.py runs it with triton): left to its peak-memory
     reordering it moved every backward wait up to its all-to-all; compile_options turns that off."""

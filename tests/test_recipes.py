@@ -39,7 +39,8 @@ def _cpu_form(recipe: Path) -> tuple:
 # each recipe at W=2: what it sets trains as one process; each strategy's exactness at W = 3 and 4 is
 # tests/test_numerics.py's and test_tp.py's (four ranks a recipe took a minute of CI's two cores each). A recipe whose
 # CPU form is another's (ulysses_ddp_step_graph's eager step is ulysses_ddp's) runs once (its graph: tests/test_gpu.py)
-CASES = sorted({(_cpu_form(r), 2): (r, 2) for r in reversed(RECIPES)}.values())
+CASES = [pytest.param(r, w, marks=pytest.mark.slow) if _compiled(r) else (r, w)  # compiled: the slow set (CI)
+         for r, w in sorted({(_cpu_form(r), 2): (r, 2) for r in reversed(RECIPES)}.values())]
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,7 @@ def test_recipe_trains_as_one_process(single_process, recipe_runs, recipe, devic
     assert_exact(got, ref, rtol=1e-12)
 
 
+@pytest.mark.slow  # compiles on the CPU (dynamo, inductor or aot_eager): the slow set (make test-slow, CI)
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if _compiled(r)], ids=lambda p: p.stem)
 def test_compiled_recipe_ledger_equals_its_eager_twin(recipe_runs, recipe):
     """The collectives a compiled recipe issues in a step (the ledger: kind, count, bytes) are its eager twin's: the

@@ -112,6 +112,7 @@ def test_simulated_rank_r(tmp_path):
     assert "simulated: rank 3 of a 4-rank job" in r.stdout
 
 
+@pytest.mark.slow  # compiles on the CPU (dynamo, inductor or aot_eager): the slow set (make test-slow, CI)
 @pytest.mark.parametrize("cp", ["ulysses", "allgather-kv", "ulysses-overlap"])
 def test_compiled_blocks_issue_the_eager_twins_collectives(tmp_path, cp):
     """Issue 26: a compiled recipe's communication is priced from the same ledger as its eager twin's. Each block

@@ -23,8 +23,9 @@ COMPILED = ("--compile", "true", "--compile-backend", "aot_eager", "--warmup-ste
 
 
 # (four ranks: the dp x tp cases below, two TP groups of two)
-@pytest.mark.parametrize("devices,harness,extra", [(2, "bare", ()), (2, "lightning", ()), (2, "bare", COMPILED)],
-                         ids=["w2", "w2-lightning", "w2-compiled"])
+@pytest.mark.parametrize("devices,harness,extra", [(2, "bare", ()), (2, "lightning", ()),
+                                                   pytest.param(2, "bare", COMPILED, marks=pytest.mark.slow)],
+                         ids=["w2", "w2-lightning", "w2-compiled"])  # compiled: the slow set (make test-slow, CI)
 def test_tp_trains_like_one_process(single_process, tmp_path, devices, harness, extra):
     got = exact_run(tmp_path, "--devices", devices, "--cp", "tp", "--harness", harness, *extra)
     d = got["summary"]
