@@ -94,21 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     try:  # every check before anything is written or run: one line, exit 2
         cells = _cells(a.cells) if a.cells is not None else [(a.seq_len, a.global_batch, a.world)]
-        builds = tuple(items("--builds", a.builds))
-        if bad := [b for b in builds if b not in ("eager", "graph")]:
-            raise ConfigError(f"--builds {a.builds}: {', '.join(bad)} unknown (choose from eager, graph)")
+        builds = tuple(items("--builds", a.builds, ("eager", "graph")))
         if "graph" in builds and not cuda:
             raise ConfigError(f"--builds {a.builds}: the step graph needs a GPU (use --builds eager here)")
-        cps = tuple(items("--cp", a.cp)) if a.cp is not None else CP_KINDS
-        if bad := [c for c in cps if c not in CP_KINDS]:
-            raise ConfigError(f"--cp {a.cp}: {', '.join(bad)} unknown (choose from {', '.join(CP_KINDS)})")
-        weights = tuple(items("--weights", a.weights))
-        checkpointing = tuple(items("--checkpointing", a.checkpointing))
-        if bad := [x for x in checkpointing if x not in CHECKPOINTING]:
-            raise ConfigError(f"--checkpointing {a.checkpointing}: {', '.join(bad)} unknown (choose from "
-                              f"{', '.join(CHECKPOINTING)})")
-        if bad := [w for w in weights if w not in WEIGHTS]:
-            raise ConfigError(f"--weights {a.weights}: {', '.join(bad)} unknown (choose from {', '.join(WEIGHTS)})")
+        cps = tuple(items("--cp", a.cp, CP_KINDS)) if a.cp is not None else CP_KINDS
+        weights = tuple(items("--weights", a.weights, WEIGHTS))
+        checkpointing = tuple(items("--checkpointing", a.checkpointing, CHECKPOINTING))
         only = set(items("--only", a.only)) if a.only is not None else None
         a.cps, a.weight_modes = cps, weights
         base = (["--config", a.config] if a.config else []) + ["--steps", str(a.steps), "--warmup-steps",

@@ -143,13 +143,13 @@ def train(cfg) -> int:
     from flux_cp.model import num_params
     from flux_cp.runs.failures import (
         EXIT_CODES,
-        HEARTBEAT,
         Watchdog,
         culprit,
         error_kind,
         error_line,
         kill_tree,
         out_of_space,
+        remove_heartbeats,
     )
     from flux_cp.runs.interrupt import active as active_guard
     from flux_cp.runs.results import (
@@ -174,8 +174,7 @@ def train(cfg) -> int:
         def on_stop(signum):  # in the launcher, which is the reporting rank (global rank 0, or the simulated rank)
             watchdog.stop()
             timing.stopped(timing.report_rank, signum)
-            for f in out.glob(HEARTBEAT.format("*")):
-                f.unlink(missing_ok=True)
+            remove_heartbeats(out)
 
         guard.add(on_stop)
 
@@ -258,8 +257,7 @@ def train(cfg) -> int:
             timing.summary.write(complete=False)  # every rank holds the gathered summary
         if is_launcher_process():
             kill_tree(os.getpid())  # the other ranks, if still running (e.g. stuck in a collective)
-            for f in out.glob(HEARTBEAT.format("*")):
-                f.unlink(missing_ok=True)
+            remove_heartbeats(out)
         errors = read_errors(out)  # the run's first error (maybe another rank's) decides the exit code
         kind, line = (errors[0]["error_kind"], errors[0]["error"]) if errors else (error_kind(e), error_line(e))
         if out_of_space(e):  # summary.json kept its last good version: it lacks the last steps and the error

@@ -88,11 +88,13 @@ def shown(value) -> str:
     return str(value) if str(value) else "''"
 
 
-def items(flag: str, text: str) -> list[str]:
-    """A comma-separated setting's items; empty ones refused."""
+def items(flag: str, text: str, choices=None) -> list[str]:
+    """A comma-separated setting's items; empty ones refused, and (given choices) unknown ones."""
     parts = [x.strip() for x in text.split(",")]
     if not text.strip() or not all(parts):
         raise ConfigError(f"{flag} {shown(text)}: give comma-separated names, none empty")
+    if choices is not None and (bad := [x for x in parts if x not in choices]):
+        raise ConfigError(f"{flag} {text}: {', '.join(bad)} unknown (choose from {', '.join(choices)})")
     return parts
 
 

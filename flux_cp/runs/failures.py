@@ -72,6 +72,12 @@ def out_of_space(exc: BaseException | None) -> bool:
 # ---------------------------------------------------------------- processes
 
 
+def remove_heartbeats(out: Path) -> None:
+    """Every rank's heartbeat file in the run's folder (the run is over: nothing is in a step any more)."""
+    for f in Path(out).glob(HEARTBEAT.format("*")):
+        f.unlink(missing_ok=True)
+
+
 def kill_tree(pid: int, sig: int = signal.SIGKILL, include_self: bool = False) -> None:
     """Signal every descendant of pid (the other ranks, in the launcher), and pid itself if asked."""
     import psutil

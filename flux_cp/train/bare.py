@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from flux_cp.checks import cpu_threads
 from flux_cp.config import DDP_WEIGHTS, BenchConfig
 from flux_cp.data import DTYPES, device_batches
 from flux_cp.measure.ledger import ledger_for
@@ -139,8 +140,8 @@ def _run(cfg: BenchConfig, report) -> int:
     device = init_device(run.accelerator)  # where Lightning's strategy would put this rank (LOCAL_RANK)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    elif "OMP_NUM_THREADS" not in os.environ:  # the cores shared out over the ranks, as Lightning's launcher does
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // run.devices))
+    else:  # OMP_NUM_THREADS, else the cores shared out over the ranks, as Lightning's launcher does
+        torch.set_num_threads(cpu_threads(run))
     _init_world(run)
     rank = run.simulate_rank if run.simulate_world else (dist.get_rank() if dist.is_initialized() else 0)
     dtype = DTYPES[run.precision]
