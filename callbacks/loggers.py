@@ -11,7 +11,6 @@ hold, get theirs here from the rows logged (`warmup_summary`).
 """
 
 import shutil
-import statistics
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
 from flux_cp.runs.outputs import wandb_settings
+from flux_cp.runs.results import flat_stats, stats
 
 
 class ResilientWandbLogger(WandbLogger):
@@ -76,10 +76,7 @@ class ResilientWandbLogger(WandbLogger):
     def warmup_summary(self) -> dict:
         """The warm-up steps' figures as the measured ones are summarised: each `warmup/` key's median over the
         warm-up steps under its own name (not the last step's value, wandb's default), min, max and n beside it."""
-        out = {}
-        for k, vals in self._warmup.items():
-            out |= {k: statistics.median(vals), f"{k}/min": min(vals), f"{k}/max": max(vals), f"{k}/n": len(vals)}
-        return out
+        return {k2: v for k, vals in self._warmup.items() for k2, v in flat_stats(k, stats(vals)).items()}
 
     def finalize(self, status: str) -> None:
         self._guard(super().finalize, status)

@@ -66,6 +66,7 @@ from flux_cp.parallel.fake_group import is_fake
 from flux_cp.runs.failures import error_kind, error_line, error_trace
 from flux_cp.runs.results import (
     RunSummary,
+    flat_stats,
     gather_row,
     peak_memory,
     record_host_speed,
@@ -276,7 +277,7 @@ class OpTimingCallback(Callback):
         simulated rank's with its collectives priced: runs/throughput.py)."""
         out, final = {}, self.summary.final
         for name, m in final["metrics"].items():
-            out |= {name: m["median"], f"{name}/min": m["min"], f"{name}/max": m["max"], f"{name}/n": m["n"]}
+            out |= flat_stats(name, m)
             if "rank_max_median" in m:
                 out |= {f"rank_max/{name}": m["rank_max_median"], f"rank_min/{name}": m["rank_min_median"]}
         out |= {k: v for k, v in final["throughput"].items() if isinstance(v, (int, float)) and v is not None}

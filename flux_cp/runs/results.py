@@ -304,6 +304,11 @@ def stats(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def flat_stats(name: str, m: dict) -> dict:
+    """stats() as wandb's summary holds a metric: the median under its own name, min, max and n beside it."""
+    return {name: m["median"], f"{name}/min": m["min"], f"{name}/max": m["max"], f"{name}/n": m["n"]}
+
+
 class RunSummary:
     """Accumulates per-step figures; `write()` renders the contract's JSON."""
 
