@@ -4,6 +4,7 @@ with one line naming the setting and the fix (ConfigError; the entry point exits
     cfg = resolve(parse_config(argv), cuda_available=..., gpu_count=...)
 """
 
+import importlib.util
 import os
 
 from flux_cp.config import DDP_WEIGHTS, HEAD_SHARDING, BenchConfig, ConfigError, DataConfig, ModelConfig, RunConfig
@@ -70,6 +71,7 @@ def resolve(
             )
         data.batch_size = data.global_batch // run.dp
     _check_accumulation(run, data)
+    _check_fp8(run)
     if run.cp == "tp" and (run.weights != "ddp" or run.split_conditioning):
         # ZeRO and FSDP would treat each rank's weight shards as copies of one parameter
         what = f"--weights {run.weights}" if run.weights != "ddp" else "--split-conditioning"
@@ -132,6 +134,7 @@ def resolve(
     if run.zero2_bucket_mb <= 0 or (run.zero2_bucket_mb != RunConfig.zero2_bucket_mb and run.weights != "zero2"):
         raise ConfigError(f"--zero2-bucket-mb {run.zero2_bucket_mb}: the size of ZeRO-2's buckets, > 0, with --weights "
                           "zero2 (add it, or drop the size)")
+    _check_fsdp(run, model)
     if not 0 < run.zero2_forward_share <= 1 or (run.zero2_forward_share != 1 and run.zero2_gather != "forward"):
         raise ConfigError(f"--zero2-forward-share {run.zero2_forward_share}: the share of ZeRO-2's buckets gathered "
                           "under the forward, in (0, 1], with --zero2-gather forward (add it, or drop the share)")
@@ -194,6 +197,35 @@ def _check_step_graph(run: RunConfig) -> None:
                f"compiles; DDP reads its first 10 iterations' timings on the host): use >= {need}")
     if why:
         raise ConfigError(f"--step-graph: {why}")
+
+
+def _check_fsdp(run: RunConfig, model) -> None:
+    """--fsdp-*: FSDP2's tuning, with --weights fsdp only; counts of blocks within the model's."""
+    blocks = model.double_blocks + model.single_blocks
+    tuned = {"--fsdp-prefetch": run.fsdp_prefetch, "--fsdp-reshard-last": run.fsdp_reshard_last}
+    for flag, v in tuned.items():
+        if not 0 <= v <= blocks:
+            raise ConfigError(f"{flag} {v}: a count of blocks in [0, {blocks}] (the model's {blocks} blocks)")
+    if run.weights != "fsdp":
+        for flag, v in (*tuned.items(), ("--fsdp-reduce-dtype", run.fsdp_reduce_dtype)):
+            if v not in (0, "param"):
+                raise ConfigError(f"{flag} {v}: tunes FSDP2, needs --weights fsdp (not {run.weights}; or drop {flag})")
+
+
+def _check_fp8(run: RunConfig) -> None:
+    """--fp8: torchao's float8 GEMMs need an H100-class GPU (a CPU would emulate them: no figure worth taking)."""
+    if run.fp8 == "none":
+        return
+    if run.accelerator != "gpu":
+        raise ConfigError(f"--fp8 {run.fp8}: float8 GEMMs need a GPU with FP8 tensor cores (H100 or newer); drop it on "
+                          "a CPU")
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError(f"--fp8 {run.fp8}: torchao's float8 training is not installed (pip install -e '.[fp8]')")
+    if run.precision != "bf16-true":
+        raise ConfigError(f"--fp8 {run.fp8}: float8 linears train beside bf16 weights (use --precision bf16-true)")
+    if run.cp == "tp":
+        raise ConfigError("--fp8 with --cp tp: the TP linears are this tool's own sharded modules, which torchao's "
+                          "float8 conversion does not know (use --cp ulysses, torch, allgather-kv or none)")
 
 
 def _check_accumulation(run: RunConfig, data: DataConfig) -> None:

@@ -99,6 +99,10 @@ class RunConfig:
     # (the last layers': reduced first in the backward, read last in the forward) under the backward that reduced them
     zero2_forward_share: float = 1.0
     zero2_bucket_mb: float = 25.0  # --weights zero2: its flat buckets' size (DDP's bucket_cap_mb, its default)
+    # --weights fsdp as a team tunes it at depth (parallel.mesh.shard_weights); the defaults are FSDP2's own
+    fsdp_prefetch: int = 0  # blocks whose all-gathers a block's forward (backward) issues ahead; 0: FSDP2's implicit 1
+    fsdp_reshard_last: int = 0  # the last K blocks keep their gathered parameters from forward to backward
+    fsdp_reduce_dtype: Literal["param", "fp32"] = "param"  # the gradients' reduce-scatter dtype (param: the run's)
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu if CUDA is visible
     # how a sample's tokens (or, for tp, the weights) are split over ranks: torch (torch's ring attention),
     # allgather-kv, ulysses (all-to-all over heads), tp (tensor + sequence parallelism), none; auto: none on one
@@ -164,6 +168,9 @@ class RunConfig:
     # selective (the GEMMs' and attention's outputs kept, the elementwise ops recomputed, torchtitan's op policy)
     checkpointing: Literal["none", "selective", "full"] = "none"
     checkpoint_fraction: float = 1.0  # --checkpointing full|selective: the share of the blocks covered, the first ones
+    # FP8 linears (torchao's float8 training, GPU): the blocks' token GEMMs in float8 with tensorwise or rowwise
+    # scales (the AdaLN, embedder and output linears stay bf16); MFU stays against the bf16 peak
+    fp8: Literal["none", "tensorwise", "rowwise"] = "none"
     # the AdaLN modulation linears (conditioning vector -> shifts, scales, gates: a cost that does not shrink with
     # the tokens a rank holds) split over the CP group by output features, one all-gather each
     split_conditioning: bool = False
@@ -229,11 +236,12 @@ def run_setting(run: dict, name: str):
 # --help groups of the run settings (fields not named here: "Run")
 RUN_GROUPS = {
     "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "zero2_gather",
-                    "zero2_forward_share", "zero2_bucket_mb",
+                    "zero2_forward_share", "zero2_bucket_mb", "fsdp_prefetch", "fsdp_reshard_last", "fsdp_reduce_dtype",
                     "rotate", "ulysses_qkv", "ulysses_overlap",
                     "sdpa_backend", "split_conditioning", "simulate_world", "simulate_rank"),
     "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),
     "Memory": ("checkpointing", "checkpoint_fraction"),  # not bookkeeping: recompute is step time
+    "Precision": ("fp8",),
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step
     "Contention": ("contention", "contention_ctas"),  # not bookkeeping: it changes the measured step
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",
@@ -453,4 +461,9 @@ def run_name(cfg: BenchConfig, mode: str = "train") -> str:
     bare = "-bare" if run.harness == "bare" else ""
     if run.checkpointing != "none":
         compiled += f"-ac{run.checkpointing}" + ("" if run.checkpoint_fraction == 1 else f"{run.checkpoint_fraction:g}")
+    if run.fp8 != "none":
+        compiled += f"-fp8{run.fp8}"
+    if run.weights == "fsdp":  # its tuning, where set
+        fsdp += "".join(f"-{k}{v}" for k, v in (("pf", run.fsdp_prefetch), ("rl", run.fsdp_reshard_last)) if v)
+        fsdp += "-rs32" if run.fsdp_reduce_dtype == "fp32" else ""
     return f"{mode}-{w}{dp}-{run.cp}{fsdp}-s{cfg.data.seq_len}{compiled}{bare}"

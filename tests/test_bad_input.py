@@ -37,6 +37,10 @@ ROWS = [
     ("train_bench", ["--config", "{tmp}/nofile.yaml"], "--config {tmp}/nofile.yaml: file not found"),
     ("train_bench", ["--lr", "-1"], "--lr -1: AdamW's learning rate must be > 0"),
     ("train_bench", ["--lr", "0"], "--lr 0: AdamW's learning rate must be > 0"),
+    ("train_bench", ["--fsdp-prefetch", "2"], "--fsdp-prefetch 2: tunes FSDP2, needs --weights fsdp (not ddp"),
+    ("train_bench", ["--weights", "fsdp", "--fsdp-reshard-last", "9"], "--fsdp-reshard-last 9: a count of blocks in"),
+    ("train_bench", ["--fsdp-reduce-dtype", "fp32"], "--fsdp-reduce-dtype fp32: tunes FSDP2, needs --weights fsdp"),
+    ("train_bench", ["--fp8", "rowwise"], "--fp8 rowwise: float8 GEMMs need a GPU with FP8 tensor cores"),
 
     ("plan", [*W2, "--output", "{tmp}/afile"],
      "--output {tmp}/afile: a file is in the way"),

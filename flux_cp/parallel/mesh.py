@@ -16,7 +16,7 @@ Weights, `--weights`:
         ZeroRedundancyOptimizer): each rank steps its share of the parameters and broadcasts them.
 - fsdp: FSDP2 `fully_shard` over all dp x cp ranks (torchtitan's flattened dp_shard x cp mesh), each
         block a unit, then the root: per block, parameters are all-gathered before its forward and
-        backward, and gradients reduce-scattered (averaged) after its backward.
+        backward, and gradients reduce-scattered (averaged) after its backward (--fsdp-*: shard_weights).
 Either way the update is the gradient of the global mean loss: see FluxCPModule.training_step.
 """
 
@@ -34,17 +34,34 @@ def build_mesh(device_type: str, dp: int, cp: int):
     return init_device_mesh(device_type, (dp, cp), mesh_dim_names=("dp", "cp"))
 
 
-def shard_weights(model: nn.Module, mesh) -> None:
+def shard_weights(model: nn.Module, mesh, run) -> None:
     """FSDP2 over a 1-D mesh of all ranks: each transformer block is one all-gather/reduce-scatter unit, the
-    root (embedders, final norm and projection) one more, as torchtitan wraps its blocks."""
+    root (embedders, final norm and projection) one more, as torchtitan wraps its blocks. run's FSDP settings, as a
+    team tunes them at depth (defaults: FSDP2's own behaviour):
+    - fsdp_reshard_last K: the last K blocks keep their gathered parameters after the forward (the backward starts
+      with them: no second all-gather; K blocks' parameters whole meanwhile; torchtitan leaves the last one so)
+    - fsdp_prefetch N: each block's forward explicitly prefetches the next N blocks' all-gathers, its backward the
+      previous N (FSDP2's implicit prefetch is one block, issued when the block before starts)
+    - fsdp_reduce_dtype fp32: gradients reduce-scattered in fp32 (bf16 sums lose bits over many ranks; 2x bytes)"""
     try:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch < 2.6 kept it under _composable
-        from torch.distributed._composable.fsdp import fully_shard
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
 
-    for blk in (*model.double_blocks, *model.single_blocks):
-        fully_shard(blk, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    reshard_last = run.fsdp_reshard_last
+    reduce = {"param": None, "fp32": torch.float32}[run.fsdp_reduce_dtype]
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce)  # param_dtype None: the run's precision casts the weights
+    blocks = [*model.double_blocks, *model.single_blocks]
+    for i, blk in enumerate(blocks):
+        fully_shard(blk, mesh=mesh, reshard_after_forward=i < len(blocks) - reshard_last, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    prefetch = run.fsdp_prefetch
+    if prefetch:
+        for i, blk in enumerate(blocks):
+            if nxt := blocks[i + 1: i + 1 + prefetch]:
+                blk.set_modules_to_forward_prefetch(nxt)
+            if prev := blocks[max(0, i - prefetch): i][::-1]:
+                blk.set_modules_to_backward_prefetch(prev)
 
 
 def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.Optimizer:

@@ -183,6 +183,8 @@ def train_header(cfg, params: int) -> dict:
                     "scope": run.compile_scope if run.compile else None},
         # activation checkpointing: the mode, the blocks it covers, hardware FLOPs / model FLOPs (recompute)
         "checkpointing": checkpointing_header(cfg),
+        # --fp8: the blocks' token linears in float8 (torchao); MFU still against the bf16 dense peak
+        "fp8": {"recipe": run.fp8, "mfu_peak": "bf16 dense"} if run.fp8 != "none" else None,
         "step_graph": run.step_graph,  # the whole step replayed from one CUDA graph after warm-up (train/step_graph.py)
         # regions would split compiled graphs: off under --compile; the bare loop has none
         "op_regions": run.timing and not run.compile and run.harness == "lightning",

@@ -101,7 +101,7 @@ def wrap_for_training(model, run, device, cp_mesh=None, dp_mesh=None):
     if run.weights == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
 
-        shard_weights(model, init_device_mesh(device.type, (run.world_size,), mesh_dim_names=("data_parallel",)))
+        shard_weights(model, init_device_mesh(device.type, (run.world_size,), mesh_dim_names=("data_parallel",)), run)
         return model, build_optimizer(model, run, device)
     if not dist.is_initialized() or run.weights not in DDP_WEIGHTS:  # ZeRO-2: the optimizer syncs
         return model, build_optimizer(model, run, device)

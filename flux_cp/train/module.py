@@ -69,7 +69,7 @@ class FluxCPModule(L.LightningModule):
                                 dp.get_group() if run.dp > 1 else None, run.dp)  # dp x tp: across its groups
             ignore_in_ddp(self, names, "model.")
         if run.weights == "fsdp":  # all dp x cp ranks: Lightning's data_parallel dim (parallel.mesh.lightning_strategy)
-            shard_weights(self.model, self.device_mesh["data_parallel"])
+            shard_weights(self.model, self.device_mesh["data_parallel"], run)
 
     def configure_optimizers(self):
         opt = build_optimizer(self.model, self.cfg.run, self.device)

@@ -28,6 +28,7 @@ from flux_cp.parallel.registry import make_strategy
 from flux_cp.parallel.tp import apply_tp, dp_sync_off, rope_tables
 from flux_cp.parallel.ulysses_overlap import overlap_single_blocks
 from flux_cp.train.checkpointing import apply_checkpointing
+from flux_cp.train.fp8 import apply_fp8
 from flux_cp.train.step_graph import StepGraph
 
 
@@ -41,10 +42,12 @@ def init_device(accelerator: str) -> torch.device:
 
 def build_model(cfg: BenchConfig) -> FluxDiT:
     """The same random init at every world size, strategy and harness (per device type), in fp32: the harness casts
-    it to the run's precision."""
+    it to the run's precision. --fp8: its token linears converted (flux_cp/train/fp8.py)."""
     torch.manual_seed(cfg.data.seed)
     with torch.device(init_device(cfg.run.accelerator)):
-        return FluxDiT(cfg.model)
+        model = FluxDiT(cfg.model)
+    apply_fp8(model, cfg.run.fp8)  # before any sharding: FSDP2 and DDP wrap the converted linears
+    return model
 
 
 def compile_model(model: FluxDiT, run) -> None:
