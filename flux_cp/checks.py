@@ -72,6 +72,7 @@ def resolve(
         data.batch_size = data.global_batch // run.dp
     _check_accumulation(run, data)
     _check_fp8(run)
+    _check_lora(run, model)
     if run.cp == "tp" and (run.weights != "ddp" or run.split_conditioning):
         # ZeRO and FSDP would treat each rank's weight shards as copies of one parameter
         what = f"--weights {run.weights}" if run.weights != "ddp" else "--split-conditioning"
@@ -226,6 +227,33 @@ def _check_fp8(run: RunConfig) -> None:
     if run.cp == "tp":
         raise ConfigError("--fp8 with --cp tp: the TP linears are this tool's own sharded modules, which torchao's "
                           "float8 conversion does not know (use --cp ulysses, torch, allgather-kv or none)")
+
+
+def _check_lora(run: RunConfig, model: ModelConfig) -> None:
+    """--lora-*: a rank >= 0; alpha and targets only with a rank; targets the model has; what LoRA does not combine
+    with, refused with why."""
+    from flux_cp.lora import lora_modules
+
+    if run.lora_rank < 0:
+        raise ConfigError(f"--lora-rank {run.lora_rank}: the adapters' rank, >= 1 (0: full fine-tuning, no adapters)")
+    if not run.lora_rank:
+        for flag, v, default in (("--lora-alpha", run.lora_alpha, None), ("--lora-targets", run.lora_targets,
+                                                                            "attention")):
+            if v != default:
+                raise ConfigError(f"{flag} {v}: sets LoRA's adapters, needs --lora-rank r >= 1 (or drop {flag})")
+        return
+    if run.lora_alpha is not None and not run.lora_alpha > 0:  # NaN fails too
+        raise ConfigError(f"--lora-alpha {run.lora_alpha:g}: the adapters' scale numerator, > 0 (default: the rank)")
+    adapted = lora_modules(model, run.lora_targets)  # one line for a name the model lacks
+    if run.cp == "tp":
+        raise ConfigError("--lora-rank with --cp tp: the adapters would have to be sharded with their base layer, "
+                          "which this tool's TP does not do (use --cp ulysses, torch, allgather-kv or none)")
+    if run.fp8 != "none":
+        raise ConfigError(f"--lora-rank with --fp8 {run.fp8}: float8 base layers under adapters are not built (drop "
+                          "one of them)")
+    if run.ulysses_overlap and any(lin.name.endswith("proj_out") for lin in adapted):
+        raise ConfigError("--ulysses-overlap with an adapter on proj_out: the overlap splits proj_out's weight "
+                          "itself and would skip the adapter (drop proj_out from --lora-targets, or the overlap)")
 
 
 def _check_accumulation(run: RunConfig, data: DataConfig) -> None:

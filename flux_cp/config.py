@@ -171,6 +171,11 @@ class RunConfig:
     # FP8 linears (torchao's float8 training, GPU): the blocks' token GEMMs in float8 with tensorwise or rowwise
     # scales (the AdaLN, embedder and output linears stay bf16); MFU stays against the bf16 peak
     fp8: Literal["none", "tensorwise", "rowwise"] = "none"
+    # LoRA: adapters of this rank on --lora-targets, the base weights frozen (0: every weight trains)
+    lora_rank: int = 0
+    lora_alpha: float | None = None  # the adapters' scale is alpha / rank; default: alpha = rank (diffusers' Flux LoRA)
+    # presets (attention: q, k, v and output projections of both streams; mlp) and module names, comma-separated
+    lora_targets: str = "attention"
     # the AdaLN modulation linears (conditioning vector -> shifts, scales, gates: a cost that does not shrink with
     # the tokens a rank holds) split over the CP group by output features, one all-gather each
     split_conditioning: bool = False
@@ -242,6 +247,7 @@ RUN_GROUPS = {
     "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),
     "Memory": ("checkpointing", "checkpoint_fraction"),  # not bookkeeping: recompute is step time
     "Precision": ("fp8",),
+    "LoRA": ("lora_rank", "lora_alpha", "lora_targets"),
     "Host": ("host_slowdown",),  # not bookkeeping: it changes the measured step
     "Contention": ("contention", "contention_ctas"),  # not bookkeeping: it changes the measured step
     "Timing and profiling": ("timing", "regions_every", "idle_probe_every", "profile", "profile_steps", "sync_debug",
@@ -463,6 +469,9 @@ def run_name(cfg: BenchConfig, mode: str = "train") -> str:
         compiled += f"-ac{run.checkpointing}" + ("" if run.checkpoint_fraction == 1 else f"{run.checkpoint_fraction:g}")
     if run.fp8 != "none":
         compiled += f"-fp8{run.fp8}"
+    if run.lora_rank:
+        targets = "" if run.lora_targets == "attention" else "-" + run.lora_targets.replace(",", "+")
+        compiled += f"-lora{run.lora_rank}{targets}"
     if run.weights == "fsdp":  # its tuning, where set
         fsdp += "".join(f"-{k}{v}" for k, v in (("pf", run.fsdp_prefetch), ("rl", run.fsdp_reshard_last)) if v)
         fsdp += "-rs32" if run.fsdp_reduce_dtype == "fp32" else ""

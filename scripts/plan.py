@@ -50,6 +50,12 @@ def parser() -> Parser:
     p.add_argument("--cp", default=None, help="strategies within a group, comma-separated (default: all that apply)")
     p.add_argument("--checkpointing", default="none", help="activation checkpointing modes, comma-separated: none, "
                    "selective, full (each plan in each; the memory estimate prunes by what each keeps).")
+    p.add_argument("--fp8", default="none", help="FP8 linears, comma-separated: none, tensorwise, rowwise (GPU, "
+                   "torchao; MFU stays against the bf16 peak)")
+    p.add_argument("--lora-rank", type=at_least(0), default=0, help="LoRA: every plan trains adapters of this rank, "
+                   "the base frozen (0: full fine-tuning); its FLOPs, memory and collectives are LoRA's")
+    p.add_argument("--lora-targets", default=None, help="LoRA's adapted linears (presets attention, mlp, or module "
+                   "names; default attention)")
     p.add_argument("--weights", default="ddp,zero2,zero2f,fsdp", help="weights modes, comma-separated (zero2f: ZeRO-2 "
                    "gathering its parameters under the next forward)")
     p.add_argument("--only", default=None, metavar="PLAN,...", help="run only these plans (names as the table "
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
-    from flux_cp.plan.plans import CHECKPOINTING, CP_KINDS, WEIGHTS, enumerate_plans
+    from flux_cp.plan.plans import CHECKPOINTING, CP_KINDS, FP8, WEIGHTS, enumerate_plans
 
     console = Console(stderr=True)
     cuda = torch.cuda.is_available()
@@ -100,18 +106,28 @@ def main(argv: list[str] | None = None) -> int:
         cps = tuple(items("--cp", a.cp, CP_KINDS)) if a.cp is not None else CP_KINDS
         weights = tuple(items("--weights", a.weights, WEIGHTS))
         checkpointing = tuple(items("--checkpointing", a.checkpointing, CHECKPOINTING))
+        fp8 = tuple(items("--fp8", a.fp8, FP8))
         only = set(items("--only", a.only)) if a.only is not None else None
         a.cps, a.weight_modes = cps, weights
         base = (["--config", a.config] if a.config else []) + ["--steps", str(a.steps), "--warmup-steps",
                                                                str(a.warmup_steps), "--wandb-mode", "disabled"]
+        if a.lora_rank or a.lora_targets is not None:  # every plan LoRA's (its checks: a rank, targets the model has)
+            base += ["--lora-rank", str(a.lora_rank)] + (["--lora-targets", a.lora_targets] if a.lora_targets else [])
         cfg = parse_config(base, cuda_available=cuda)
+        if a.lora_targets is not None and not a.lora_rank:
+            raise ConfigError(f"--lora-targets {a.lora_targets}: sets LoRA's adapters, needs --lora-rank r >= 1")
+        if a.lora_rank:
+            from flux_cp.lora import lora_modules
+
+            lora_modules(cfg.model, cfg.run.lora_targets)  # a name the model lacks: its one line, here
         mem = a.memory_gib if a.memory_gib is not None else (
             torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None)
         link = load_link("--link", a.link)
         cells = [(S if S is not None else cfg.data.seq_len, B, W) for S, B, W in cells]
         # every cell's plans before any runs: a bad cell is refused before the first plan's minutes go
         planned = [(S, B, W, enumerate_plans(cfg, S, B, W, builds=builds, cps=cps, weights=weights,
-                                             checkpointing=checkpointing, memory_gib_limit=mem, on_gpu=cuda))
+                                             checkpointing=checkpointing, fp8=fp8, memory_gib_limit=mem,
+                                             on_gpu=cuda))
                    for S, B, W in cells]
         _select(only, planned, a.cells is not None)
         if not a.dry_run:

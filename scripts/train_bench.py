@@ -151,12 +151,11 @@ def train(cfg) -> int:
         out_of_space,
         remove_heartbeats,
     )
+    from flux_cp.runs.header import filter_keys, train_header
     from flux_cp.runs.interrupt import active as active_guard
     from flux_cp.runs.results import (
         ERROR_FILE_PREFIX,
-        filter_keys,
         read_errors,
-        train_header,
         wall_split,
         write_json_atomic,
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flux_cp.config import parse_config
-from flux_cp.plan.plans import enumerate_plans
+from flux_cp.plan.plans import count_params, enumerate_plans
 from flux_cp.plan.rank import command, confidence, mark_ties, overlap
 
 from .conftest import ROOT, TINY, assert_exact, exact_run
@@ -70,6 +70,46 @@ def test_checkpointing_is_a_plan_axis_that_the_memory_estimate_prunes_by():
     assert plans["selective"].settings["checkpointing"] == "selective" and "checkpointing" not in plans["none"].settings
     assert plans["full"].memory_gib < 25 < plans["selective"].memory_gib < 0.95 * 80
     assert "--checkpointing full" in command(plans["full"], "configs/flux1.yaml")
+
+
+def test_lora_keeps_the_frozen_base_alone_so_flux1_fits_one_gpu():
+    """Flux.1 at 4608 tokens, one sample: full fine-tuning's weights, gradients, AdamW moments and DDP buckets
+    (5 x 2 bytes x 11.9 B) cannot fit 80 GiB on one GPU; with LoRA (rank 64 on attention) the base is kept once,
+    without gradients or moments, and the adapters' share is small: the W=1 plan fits, and under FSDP over 8 the base
+    is sharded too."""
+    from flux_cp.lora import adapter_params
+
+    def plans(*lora, world=1, weights=("ddp",)):
+        cfg = parse_config(["--config", str(ROOT / "configs" / "flux1.yaml"), *lora], cuda_available=True)
+        return cfg, {p.weights: p for p in enumerate_plans(cfg, seq_len=4608, global_batch=world, world=world,
+                                                           cps=("none",), weights=weights, memory_gib_limit=80)}
+    _, full = plans()
+    cfg, lora = plans("--lora-rank", "64")
+    assert full["ddp"].pruned.startswith("does not fit") and lora["ddp"].pruned is None
+    n, n_a = count_params(cfg), adapter_params(cfg.model, "attention", 64)
+    assert n_a == 74_711_040  # rank 64 on Flux.1's fused attention projections (unfused, as diffusers: ~105 M)
+    assert full["ddp"].memory_gib - lora["ddp"].memory_gib == pytest.approx((5 * 2 * n - 2 * n - 5 * 2 * n_a) / 2**30)
+    _, sharded = plans("--lora-rank", "64", world=8, weights=("ddp", "fsdp"))
+    assert sharded["fsdp"].memory_gib < sharded["ddp"].memory_gib < 0.95 * 80
+
+
+def test_fp8_is_a_plan_axis():
+    """--fp8 none,rowwise: each plan with and without FP8 linears (named -fp8<recipe>, its run setting); on a GPU host
+    without torchao the FP8 plans are left out with the install line, on a CPU with why."""
+    import importlib.util
+
+    cfg = parse_config(["--config", str(ROOT / "configs" / "flux1.yaml")], cuda_available=True)
+    plans = {p.fp8: p for p in enumerate_plans(cfg, seq_len=4608, global_batch=8, world=8, cps=("none",),
+                                               weights=("fsdp",), memory_gib_limit=80, fp8=("none", "rowwise"))}
+    assert plans["rowwise"].name == "dp8-fsdp-eager-fp8rowwise" and plans["rowwise"].settings["fp8"] == "rowwise"
+    assert "fp8" not in plans["none"].settings and plans["none"].pruned is None
+    if importlib.util.find_spec("torchao") is None:
+        assert "torchao" in plans["rowwise"].pruned
+    else:
+        assert plans["rowwise"].memory_gib == plans["none"].memory_gib
+    cpu = [p for p in enumerate_plans(cfg, seq_len=4608, global_batch=8, world=8, cps=("none",), weights=("fsdp",),
+                                      on_gpu=False, fp8=("rowwise",))]
+    assert cpu[0].pruned.startswith("--fp8 rowwise: float8 GEMMs need a GPU")
 
 
 def test_the_command_runs_the_plan_on_real_gpus():

@@ -177,7 +177,7 @@ def test_a_long_run_reads_finished_steps_in_the_loop(tmp_path):
     from flux_cp.checks import resolve
     from flux_cp.config import parse_config
     from flux_cp.model import num_params
-    from flux_cp.runs.results import train_header
+    from flux_cp.runs.header import train_header
     from flux_cp.train.module import FluxCPModule
 
     cfg = parse_config(["--config", str(TINY), "--steps", "6", "--warmup-steps", "1", "--wandb-mode", "disabled",

@@ -39,6 +39,40 @@ def model_flops(model: ModelConfig, data: DataConfig, seq_len: int | None = None
     return {"gemm": float(gemm), "attention": float(attention), "total": float(gemm + attention)}
 
 
+def lora_train_flops(model: ModelConfig, data: DataConfig, targets: str, rank: int,
+                     seq_len: int | None = None) -> dict:
+    """One sample's training FLOPs under LoRA (--lora-rank): the base is frozen, so its GEMMs skip the weight
+    gradient (2 x forward), and autograd skips the input gradient wherever nothing upstream trains: the embedders and
+    AdaLN modulations (1 x), the first adapted block's input projections and everything before them (1 x); the
+    adapters cost 3 x forward (their A 2 x where its input needs no gradient); attention 3 x after the first adapter.
+    Returns {"gemm", "attention", "adapters", "total"} (training FLOPs) and "fwd" (the forward's, adapters included)."""
+    from flux_cp.lora import block_linears, lora_modules
+
+    S = seq_len or data.seq_len
+    St = data.text_tokens
+    tokens = {"image": S - St, "text": St, "all": S}
+    adapted = lora_modules(model, targets)
+    first = min(lin.order for lin in adapted)
+    f = model_flops(model, data, seq_len)
+    lin_fwd = {lin.name: 2.0 * tokens[lin.stream] * lin.fan_in * lin.fan_out for lin in block_linears(model)}
+    blocks_fwd = sum(lin_fwd.values())
+    head = 2.0 * (S - St) * model.hidden * model.in_channels  # proj_out: reads the blocks' output (trains upstream)
+    rest = f["gemm"] - blocks_fwd - head  # embedders and modulations: no gradient flows into them
+    gemm = rest + 2 * head
+    for lin in block_linears(model):
+        gemm += lin_fwd[lin.name] * (1 if lin.order <= first else 2)
+    blocks = model.double_blocks + model.single_blocks
+    per_block_attn = f["attention"] / blocks
+    attention = sum(per_block_attn * (3 if (b, 1) > first else 1) for b in range(blocks))
+    adapters = fwd_adapters = 0.0
+    for lin in adapted:
+        a, b = 2.0 * tokens[lin.stream] * lin.fan_in * rank, 2.0 * tokens[lin.stream] * rank * lin.fan_out
+        fwd_adapters += a + b
+        adapters += a * (2 if lin.order <= first else 3) + 3 * b
+    return {"gemm": gemm, "attention": attention, "adapters": adapters, "total": gemm + attention + adapters,
+            "fwd": f["total"] + fwd_adapters}
+
+
 def peak_flops(device_name: str | None, precision: str = "bf16-true") -> tuple[float | None, str]:
     """(dense peak FLOP/s, where it comes from) for this device and precision; None where not known."""
     if precision != "bf16-true":
@@ -51,10 +85,11 @@ def peak_flops(device_name: str | None, precision: str = "bf16-true") -> tuple[f
 
 
 def throughput(step_ms: float | None, world: int, samples: int, seq_len: int, fwd_flops: float,
-               peak: float | None) -> dict:
+               peak: float | None, train_flops: float | None = None) -> dict:
     """Work per second at one optimizer step of `samples` samples (the global batch) over `world` GPUs.
-    Named as Lightning's ThroughputMonitor names them (throughput/... and throughput/device/...)."""
-    flops = 3.0 * fwd_flops * samples
+    Named as Lightning's ThroughputMonitor names them (throughput/... and throughput/device/...). train_flops: one
+    sample's training FLOPs where they are not 3 x forward (LoRA: lora_train_flops)."""
+    flops = (train_flops if train_flops is not None else 3.0 * fwd_flops) * samples
     out = {"samples_per_step": samples, "tokens_per_step": samples * seq_len, "model_flops_per_step": flops}
     if not step_ms:
         return out

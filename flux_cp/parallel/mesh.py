@@ -65,11 +65,12 @@ def shard_weights(model: nn.Module, mesh, run) -> None:
 
 
 def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW over what this rank updates: every parameter (ddp, fsdp: its shards), or its ZeRO share (zero)."""
+    """AdamW over what this rank updates: every trainable parameter (ddp, fsdp: its shards), or its ZeRO share
+    (zero)."""
     fused = device.type == "cuda"  # one kernel per parameter group on CUDA, so the step is not host bound
     # --step-graph: the step count on the device, so that a replayed step advances it (flux_cp/train/step_graph.py)
     capturable = {"capturable": True} if run.step_graph else {}
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters alone
     if run.weights == "zero2" and dist.is_available() and dist.is_initialized():
         from flux_cp.parallel.zero2 import ShardedAdamW
 

@@ -41,6 +41,7 @@ ACTIVATION_PER_TOKEN = 19.4
 # against none's ~29; full keeps each block's input (~1 unit), and one block's whole activations while it recomputes
 CHECKPOINTED_PER_TOKEN = {"none": ACTIVATION_PER_TOKEN, "selective": 9.5, "full": 1.0}
 CHECKPOINTING = ("none", "selective", "full")
+FP8 = ("none", "tensorwise", "rowwise")  # torchao saves the linears' bf16 inputs: activations as bf16's
 HEADROOM = 0.95  # of the device's memory a plan may fill: the CUDA context and the allocator's fragmentation
 BYTES = {"bf16-true": 2, "32-true": 4, "64-true": 8}
 
@@ -57,6 +58,7 @@ class Plan:
     memory_gib: float | None = None  # estimated peak a rank
     accumulate: int = 1  # micro-batches a step (--micro-batches), where B / dp samples at once do not fit
     checkpointing: str = "none"  # activation checkpointing (--checkpointing)
+    fp8: str = "none"  # FP8 linears (--fp8)
 
     @property
     def world(self) -> int:
@@ -66,6 +68,7 @@ class Plan:
     def name(self) -> str:
         par = f"dp{self.dp}" if self.cp_degree == 1 else f"dp{self.dp}x{self.cp}{self.cp_degree}"
         ac = "" if self.checkpointing == "none" else f"-ac{self.checkpointing}"
+        ac += "" if self.fp8 == "none" else f"-fp8{self.fp8}"
         return f"{par}-{self.weights}-{self.build}{ac}" + (f"-acc{self.accumulate}" if self.accumulate > 1 else "")
 
     @property
@@ -89,17 +92,25 @@ def cell_settings(cfg: BenchConfig, seq_len: int, global_batch: int) -> dict:
 
 def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     """A rank's estimated peak: weights, gradients and AdamW's two moments as each weights mode keeps them, plus the
-    activations of its tokens (a W-way share of each sample under CP, Ulysses and TP) in one micro-batch."""
+    activations of its tokens (a W-way share of each sample under CP, Ulysses and TP) in one micro-batch. LoRA
+    (--lora-rank): the frozen base without gradients or moments (FSDP still shards it), the adapters as any weights;
+    activations as full training's (the base's input gradients still need them)."""
     b = BYTES[cfg.run.precision]
     n, W = params, plan.world
+    trained, frozen = n, 0
+    if cfg.run.lora_rank:
+        from flux_cp.lora import adapter_params
+
+        trained = adapter_params(cfg.model, cfg.run.lora_targets, cfg.run.lora_rank)
+        frozen = b * n
     if plan.cp == "tp":  # weights, gradients and state sharded by the group, DDP buckets over the few replicated
         weights = 4 * b * n / plan.cp_degree
     elif plan.weights == "ddp":
-        weights = 5 * b * n  # + DDP's gradient buckets
+        weights = frozen + 5 * b * trained  # + DDP's gradient buckets
     elif WEIGHT_SETTINGS[plan.weights]["weights"] == "zero2":  # zero2f too: where it gathers, not what it keeps
-        weights = 2 * b * n + 2 * b * n / W  # parameters and their gradient buckets whole; moments of its 1/W
+        weights = frozen + 2 * b * trained + 2 * b * trained / W  # parameters and gradient buckets whole; 1/W moments
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
-        weights = 4 * b * n / W
+        weights = (frozen + 4 * b * trained) / W
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
     tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len  # a micro-batch's, before any split
     per_token = b * cfg.model.hidden * tokens / plan.cp_degree  # bytes of one unit, a rank's tokens
@@ -125,7 +136,7 @@ def count_params(cfg: BenchConfig) -> int:
 
 def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: int, *, builds=("eager",),
                     cps=CP_KINDS, weights=WEIGHTS, memory_gib_limit: float | None = None, on_gpu: bool = True,
-                    params: int | None = None, checkpointing=("none",)) -> list[Plan]:
+                    params: int | None = None, checkpointing=("none",), fp8=("none",)) -> list[Plan]:
     """Every plan of the cell, those that cannot run with `pruned` set. cfg: the model config (its run settings are
     the plans' base: precision, steps, ...)."""
     cell = cell_settings(cfg, seq_len, global_batch)
@@ -138,12 +149,14 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
             for w in weights:
                 if world == 1 and w != "ddp":  # one rank: nothing to shard, nothing to sync
                     continue
-                for build, ac in ((b, a) for b in builds for a in checkpointing):
-                    p = Plan(world // c, c, cp, w, build, checkpointing=ac)
+                for build, ac, f8 in ((b, a, f) for b in builds for a in checkpointing for f in fp8):
+                    p = Plan(world // c, c, cp, w, build, checkpointing=ac, fp8=f8)
                     p.settings = {**cell, "cp": cp, "cp_degree": c, **WEIGHT_SETTINGS[w], **BUILDS[build],
                                   "simulate_world": world if world > 1 else None}
                     if ac != "none":
                         p.settings["checkpointing"] = ac
+                    if f8 != "none":
+                        p.settings["fp8"] = f8
                     if build == "graph":
                         p.settings["warmup_steps"] = max(GRAPH_WARMUP, cfg.run.warmup_steps)
                     p.pruned, resolved = _check(cfg, p.settings, on_gpu)

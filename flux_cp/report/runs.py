@@ -196,6 +196,10 @@ def config_key(d: dict) -> dict:
         "weights": {"zero": "ddp", "zero2": "ddp"}.get(w := d.get("weights") or run.get("weights", "ddp"), w),
         # a bare loop's steps lack Lightning's hooks: neither its baseline nor its repeats mix with Lightning's
         "harness": harness(d),
+        # other work a step: LoRA (frozen base, adapters), recompute, float8 GEMMs
+        "lora": f"r{run['lora_rank']} {run.get('lora_targets', 'attention')}" if run.get("lora_rank") else "off",
+        "checkpointing": run.get("checkpointing", "none"),
+        "fp8": run.get("fp8", "none"),
     }
 
 

@@ -13,14 +13,20 @@ def work_of(d: dict) -> dict:
     """What a train summary's step does, for throughput: ranks, samples (the global batch), tokens a sample, one
     sample's forward FLOPs (and by part), the device's dense bf16 peak."""
     from flux_cp.config import DataConfig, ModelConfig
-    from flux_cp.measure.flops import model_flops, peak_flops
+    from flux_cp.measure.flops import lora_train_flops, model_flops, peak_flops
 
     cfg = d["config"]
     model, data = ModelConfig(**cfg["model"]), DataConfig(**cfg["data"])
     peak, peak_source = peak_flops(d.get("env", {}).get("device"), cfg["run"].get("precision", "bf16-true"))
     f = model_flops(model, data)
+    run = cfg["run"]
+    train, parts = None, {k: 3.0 * f[k] for k in ("gemm", "attention")}  # a sample's training FLOPs by part
+    if run.get("lora_rank"):  # frozen base: LoRA's own training FLOPs, not 3 x forward
+        lf = lora_train_flops(model, data, run.get("lora_targets", "attention"), run["lora_rank"])
+        train, parts = lf["total"], {"gemm": lf["gemm"] + lf["adapters"], "attention": lf["attention"]}
     return {"world": d.get("world_size", 1), "samples": d.get("dp", 1) * data.batch_size, "seq_len": data.seq_len,
-            "fwd_flops": f["total"], "fwd_parts": f, "peak": peak, "peak_source": peak_source}
+            "fwd_flops": f["total"], "fwd_parts": f, "train_flops": train, "train_parts": parts, "peak": peak,
+            "peak_source": peak_source}
 
 
 def throughput_of(d: dict, step_ms: float | None = None) -> dict:
@@ -32,7 +38,8 @@ def throughput_of(d: dict, step_ms: float | None = None) -> dict:
     work = work_of(d)
     if step_ms is None:
         step_ms = ((d.get("metrics") or {}).get("step_ms") or {}).get("median")
-    out = throughput(step_ms, **{k: work[k] for k in ("world", "samples", "seq_len", "fwd_flops", "peak")})
+    out = throughput(step_ms, **{k: work[k] for k in ("world", "samples", "seq_len", "fwd_flops", "peak",
+                                                       "train_flops")})
     basis = "a simulated rank's compute, collectives not priced" if d.get("collectives") == "fake" else "measured"
     peak, samples, world = work["peak"], work["samples"], work["world"]
     out |= {"peak_flops": peak, "peak_source": work["peak_source"], "basis": basis, "step_ms": step_ms}
@@ -41,11 +48,11 @@ def throughput_of(d: dict, step_ms: float | None = None) -> dict:
     if step_ms:
         out["hardware_tflops_per_gpu"] = out["hardware_flops_per_step"] / (step_ms / 1e3) / world / 1e12
     bd = (d.get("profile") or {}).get("breakdown_ms")
-    if bd:  # --profile: each part's kernel time a step against its model FLOPs (3 x forward): where MFU is lost
+    if bd:  # --profile: each part's kernel time a step against its model FLOPs (training's): where MFU is lost
         parts = {}
         for part in ("gemm", "attention"):
             ms = bd.get(part)
-            flops = 3.0 * work["fwd_parts"][part] * samples / world  # a rank's share
+            flops = work["train_parts"][part] * samples / world  # a rank's share
             parts[part] = {"ms": ms, "tflops": flops / (ms / 1e3) / 1e12 if ms else None}
             if peak and ms:
                 parts[part]["of_peak"] = flops / (ms / 1e3) / peak

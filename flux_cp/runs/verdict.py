@@ -26,7 +26,10 @@ def world(d: dict) -> int:
 
 def _key(d: dict):
     run = d["config"]["run"]
-    return (d["config"]["model"], d["config"]["data"], run["precision"], run["compile"], d["env"]["device"])
+    # what changes the work of a step: a LoRA run's baseline is a LoRA run of the same adapters
+    lora = (run.get("lora_rank", 0), run.get("lora_targets", "attention"), run.get("lora_alpha"))
+    return (d["config"]["model"], d["config"]["data"], run["precision"], run["compile"], d["env"]["device"], lora,
+            run.get("checkpointing", "none"), run.get("fp8", "none"))
 
 
 def _steady(b: dict) -> bool:

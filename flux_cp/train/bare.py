@@ -45,6 +45,7 @@ from flux_cp.parallel.mesh import build_mesh, build_optimizer, full_grads, full_
 from flux_cp.parallel.tp import ignore_in_ddp, shard_model
 from flux_cp.runs import interrupt
 from flux_cp.runs.failures import EXIT_CODES, error_kind, error_line, error_trace, kill_tree
+from flux_cp.runs.header import train_header
 from flux_cp.runs.results import (
     RunSummary,
     gather_row,
@@ -52,7 +53,6 @@ from flux_cp.runs.results import (
     record_host_speed,
     reset_peak_memory,
     run_start_time,
-    train_header,
     wall_split,
 )
 from flux_cp.train.step import FluxStep, build_model, default_dtype, init_device

@@ -29,6 +29,7 @@ from flux_cp.parallel.tp import apply_tp, dp_sync_off, rope_tables
 from flux_cp.parallel.ulysses_overlap import overlap_single_blocks
 from flux_cp.train.checkpointing import apply_checkpointing
 from flux_cp.train.fp8 import apply_fp8
+from flux_cp.train.lora import apply_lora
 from flux_cp.train.step_graph import StepGraph
 
 
@@ -42,11 +43,13 @@ def init_device(accelerator: str) -> torch.device:
 
 def build_model(cfg: BenchConfig) -> FluxDiT:
     """The same random init at every world size, strategy and harness (per device type), in fp32: the harness casts
-    it to the run's precision. --fp8: its token linears converted (flux_cp/train/fp8.py)."""
+    it to the run's precision. --fp8: its token linears converted (flux_cp/train/fp8.py); --lora-rank: adapters on
+    them, the rest frozen (flux_cp/train/lora.py)."""
     torch.manual_seed(cfg.data.seed)
     with torch.device(init_device(cfg.run.accelerator)):
         model = FluxDiT(cfg.model)
     apply_fp8(model, cfg.run.fp8)  # before any sharding: FSDP2 and DDP wrap the converted linears
+    apply_lora(model, cfg.run)  # likewise: the strategies see the frozen base and its adapters
     return model
 
 

@@ -1,0 +1,106 @@
+"""LoRA (--lora-rank; flux_cp/lora.py, flux_cp/train/lora.py): every strategy trains the adapters exactly as one
+process does (fp64, 10 optimizer steps on real gloo ranks: losses, first-step adapter gradients, final parameters)
+and leaves the base weights bit-equal to their init; LoRA's FLOP count equals torch's own count of the tiny model's
+training step; the adapted linears are those the model has."""
+
+import pytest
+import torch
+
+from flux_cp.config import parse_config
+
+from .conftest import TINY, assert_exact, exact_run
+
+LORA = ("--lora-rank", 4, "--lora-alpha", 8)
+
+
+@pytest.fixture(scope="module")
+def lora_single(tmp_path_factory):
+    """One process, LoRA on attention and MLPs: the reference of every distributed run below."""
+    return exact_run(tmp_path_factory.mktemp("lora-single"), "--devices", 1, *LORA, "--lora-targets", "attention,mlp")
+
+
+def _base_at_init() -> dict:
+    from flux_cp.train.step import build_model
+
+    cfg = parse_config(["--config", str(TINY)], cuda_available=False)
+    return {n: p.detach().double() for n, p in build_model(cfg).named_parameters()}
+
+
+def _assert_base_untouched(params: dict) -> None:
+    init = _base_at_init()
+    base = {n.replace(".base_layer", ""): p for n, p in params.items() if "lora_" not in n}
+    assert base.keys() == init.keys()
+    changed = [n for n in init if not torch.equal(base[n], init[n])]
+    assert not changed, changed[:5]
+
+
+def test_one_process_trains_only_the_adapters(lora_single):
+    d, grads, params = lora_single["summary"], lora_single["grads"], lora_single["params"]
+    assert d["lora"]["rank"] == 4 and d["lora"]["alpha"] == 8 and d["lora"]["modules"] == 22
+    assert d["optimizer_params"] == d["lora"]["trainable_params"] == sum(p.numel() for n, p in params.items()
+                                                                         if "lora_" in n)
+    assert grads and all("lora_" in n for n in grads)  # the frozen base has no gradient
+    assert any(g.abs().max() > 0 for n, g in grads.items() if "lora_B" in n)  # B trains from step 0 (A waits on B)
+    assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in params.items() if "lora_B" in n)
+    _assert_base_untouched(params)
+
+
+@pytest.mark.parametrize("args", [
+    ("--cp", "ulysses", "--weights", "ddp"),
+    ("--cp", "allgather-kv", "--weights", "zero"),
+    ("--cp", "ulysses", "--weights", "zero2"),
+    ("--cp", "allgather-kv", "--weights", "fsdp", "--checkpointing", "selective"),
+    ("--cp", "ulysses", "--weights", "fsdp", "--harness", "bare"),
+], ids=["ulysses-ddp", "agkv-zero", "ulysses-zero2", "agkv-fsdp-selective", "ulysses-fsdp-bare"])
+def test_ranks_train_the_adapters_as_one_process(lora_single, tmp_path, args):
+    got = exact_run(tmp_path, "--devices", 2, *LORA, "--lora-targets", "attention,mlp", *args)
+    assert got["summary"]["lora"]["trainable_params"] == lora_single["summary"]["lora"]["trainable_params"]
+    assert_exact(got, lora_single, rtol=1e-10)
+    _assert_base_untouched(got["params"])
+
+
+def test_data_and_context_parallel_lora_trains_as_one_process_of_two_samples(tmp_path):
+    """dp = 2 groups of cp = 2 ranks: two samples a step, as one process with batch 2."""
+    ref = exact_run(tmp_path / "one", "--devices", 1, "--data.batch_size", 2, *LORA)
+    got = exact_run(tmp_path / "four", "--devices", 4, "--cp-degree", 2, "--cp", "ulysses", *LORA)
+    assert_exact(got, ref, rtol=1e-10)
+
+
+@pytest.mark.parametrize("fuse", ["true", "false"])
+@pytest.mark.parametrize("targets", ["attention", "attention,mlp", "mlp", "single_blocks.1.proj_out"])
+def test_lora_flops_equal_torchs_count_of_a_training_step(targets, fuse):
+    """torch's FlopCounterMode over one forward and backward of the tiny model with peft's adapters (attention by
+    the math kernel, whose matmuls it counts) against lora_train_flops: within 2% (the count is exact: autograd skips
+    the weight gradients of the frozen base and the input gradients where nothing upstream trains)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from flux_cp.measure.flops import lora_train_flops
+    from flux_cp.model import image_ids, text_ids
+    from flux_cp.train.step import build_model
+
+    cfg = parse_config(["--config", str(TINY), "--model.fuse_qkv", fuse, "--lora-rank", "3", "--lora-targets",
+                        targets], cuda_available=False)
+    m, d, mc = build_model(cfg), cfg.data, cfg.model  # build_model applies LoRA
+    assert any("lora_A" in n for n, _ in m.named_parameters())
+    x, text = torch.randn(1, d.image_height * d.image_width, mc.in_channels), torch.randn(1, d.text_tokens, mc.text_dim)
+    rope = m.rope(text_ids(d.text_tokens), image_ids(d.image_height, d.image_width))
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        m(x, text, torch.randn(1, mc.pooled_dim), torch.rand(1), rope).pow(2).mean().backward()
+    est = lora_train_flops(mc, d, targets, 3)["total"]
+    assert est == pytest.approx(counter.get_total_flops(), rel=0.02)
+
+
+@pytest.mark.parametrize("fuse", ["true", "false"])
+def test_block_linears_are_the_models(fuse):
+    """flux_cp/lora.py's table of the blocks' token linears (names, shapes) against a built model's."""
+    from flux_cp.lora import block_linears
+    from flux_cp.model import FluxDiT
+
+    cfg = parse_config(["--config", str(TINY), "--model.fuse_qkv", fuse], cuda_available=False)
+    with torch.device("meta"):
+        m = FluxDiT(cfg.model)
+    skip = {id(x) for x in m.conditioning_linears()}
+    built = {(n, x.in_features, x.out_features) for n, x in m.named_modules()
+             if isinstance(x, torch.nn.Linear) and id(x) not in skip and n.startswith(("double_", "single_"))}
+    assert built == {(lin.name, lin.fan_in, lin.fan_out) for lin in block_linears(cfg.model)}
