@@ -151,7 +151,7 @@ def train(cfg) -> int:
         out_of_space,
         remove_heartbeats,
     )
-    from flux_cp.runs.header import filter_keys, train_header
+    from flux_cp.runs.header import filter_keys, run_tags, train_header
     from flux_cp.runs.interrupt import active as active_guard
     from flux_cp.runs.results import (
         ERROR_FILE_PREFIX,
@@ -218,6 +218,7 @@ def train(cfg) -> int:
             name=f"{name}-{time.strftime('%m%d-%H%M%S')}",  # unique and readable: repeated runs share run_name
             group=run.group,
             job_type="train",
+            tags=run_tags(cfg),  # LoRA runs filter apart from full fine-tuning (lora_rank, trainable_params: config)
             save_dir=str(out),
             offline=run.wandb_mode == "offline",
             config={**filter_keys(cfg, header), **cfg.to_dict(), "env": header["env"],

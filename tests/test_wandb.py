@@ -86,6 +86,21 @@ def test_runs_are_named_uniquely_and_filter_by_their_configuration(offline_run):
     assert c["compile"] is False and c["step_graph"] is False and c["harness"] == "lightning"
 
 
+def test_lora_runs_are_tagged_with_their_rank_and_trainable_parameters(offline_run, tmp_path):
+    """A full fine-tune and a LoRA run filter apart: tags and the config's lora_rank and trainable_params."""
+    full, info, _ = offline_run
+    assert info["tags"] == ["full-finetune"] and info["config"]["lora_rank"] == 0
+    assert info["config"]["trainable_params"] == full["params"] == full["optimizer_params"]
+    out = tmp_path / "lora"
+    r = bench("--config", TINY, "--steps", 2, "--warmup-steps", 1, "--wandb-mode", "offline", "--output", out,
+              "--lora-rank", 4)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (f,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    lora, d = run_info(f), json.loads((out / "summary.json").read_text())
+    assert lora["tags"] == ["lora-r4"] and lora["config"]["lora_rank"] == 4
+    assert lora["config"]["trainable_params"] == d["lora"]["trainable_params"] == d["optimizer_params"] == 8192
+
+
 def test_the_dashboards_panels_name_only_what_the_runs_logged(offline_run, tmp_path):
     """The wandb Report's panels (built offline: nothing is saved) plot keys that the runs' wandb files hold: every
     line plot's x and y in the history rows, every bar plot's metric in the run summary."""

@@ -35,12 +35,13 @@ def records(path: Path):
 
 
 def run_info(path: Path) -> dict:
-    """The run record (name, group, job type, config) and the final summary of an offline run."""
+    """The run record (name, group, job type, tags, config) and the final summary of an offline run."""
     out = {"summary": {}, "config": {}}
     for rec in records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "run":
-            out |= {"name": rec.run.display_name, "group": rec.run.run_group, "job_type": rec.run.job_type}
+            out |= {"name": rec.run.display_name, "group": rec.run.run_group, "job_type": rec.run.job_type,
+                    "tags": list(rec.run.tags)}
             out["config"] |= {c.key: json.loads(c.value_json) for c in rec.run.config.update}
         elif kind == "config":
             out["config"] |= {c.key: json.loads(c.value_json) for c in rec.config.update}

@@ -87,3 +87,11 @@ def filter_keys(cfg, header: dict) -> dict:
             "precision": run.precision, "device": header["env"].get("device"), "simulated": bool(run.simulate_world),
             "lora_rank": run.lora_rank, "trainable_params": (header.get("lora") or {}).get("trainable_params",
                                                                                             header.get("params"))}
+
+
+def run_tags(cfg) -> list[str]:
+    """wandb tags for what changes a step's work beyond its parallel layout: LoRA (its rank), recompute, float8."""
+    run = cfg.run
+    tags = [f"lora-r{run.lora_rank}"] if run.lora_rank else ["full-finetune"]
+    tags += [f"ac-{run.checkpointing}"] if run.checkpointing != "none" else []
+    return tags + ([f"fp8-{run.fp8}"] if run.fp8 != "none" else [])
