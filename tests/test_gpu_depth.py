@@ -53,3 +53,16 @@ def test_tuned_fsdp_compiles_and_changes_its_collectives_on_cuda(tmp_path):
     ag = [d["comm"]["per_step"]["all_gather"]["count"] for d in (plain, tuned)]
     assert ag[1] == ag[0] - 2, ag
     assert all(map(lambda x: x == x and abs(x) < 1e3, tuned["loss"])), tuned["loss"]
+
+
+def test_lora_under_the_ring_trains_as_plain_sdpa_on_cuda(tmp_path):
+    """peft's adapters under torch's context_parallel (the ring at world size 1: its dispatch in the forward and the
+    backward), fp32 (the efficient kernel): the losses of the plain step with the same adapters; only they train."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    args = ("--config", TINY, "--precision", "32-true", "--steps", 8, "--warmup-steps", 2, "--lora-rank", 4,
+            "--lora-targets", "attention,mlp")
+    ring = _run(tmp_path / "ring", *args, "--cp", "torch")
+    plain = _run(tmp_path / "plain", *args, "--cp", "none", "--sdpa-backend", "efficient")
+    torch.testing.assert_close(torch.tensor(ring["loss"]), torch.tensor(plain["loss"]), rtol=1e-4, atol=0)
+    assert ring["optimizer_params"] == ring["lora"]["trainable_params"] < ring["params"] / 10
