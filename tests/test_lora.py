@@ -104,3 +104,25 @@ def test_block_linears_are_the_models(fuse):
     built = {(n, x.in_features, x.out_features) for n, x in m.named_modules()
              if isinstance(x, torch.nn.Linear) and id(x) not in skip and n.startswith(("double_", "single_"))}
     assert built == {(lin.name, lin.fan_in, lin.fan_out) for lin in block_linears(cfg.model)}
+
+
+def test_a_lora_run_is_divided_only_by_a_lora_baseline(tmp_path, capsys):
+    """The closing line's W=1 baseline shares the run's LoRA settings: a LoRA W=2 rank finds the LoRA W=1 run, a full
+    fine-tune W=2 rank beside it does not, and the next command it gives repeats the LoRA flags."""
+    from .conftest import train_bench
+
+    def run(*args) -> list[str]:
+        capsys.readouterr()
+        assert train_bench().main(list(map(str, (*common, *args)))) == 0
+        return capsys.readouterr().out.strip().splitlines()[-2:]  # the answer and the next command
+
+    common = ("--config", TINY, "--steps", 2, "--warmup-steps", 1, "--wandb-mode", "disabled")
+    lora = ("--lora-rank", 4, "--lora-targets", "attention,mlp")
+    answer, nxt = run(*lora, "--simulate-world", 2, "--output", tmp_path / "w2-lora")
+    assert "no W=1 baseline" in answer
+    assert nxt.startswith("next: python scripts/train_bench.py --lora-rank 4 --lora-targets attention,mlp --devices 1")
+    run(*lora, "--devices", 1, "--cp", "none", "--output", tmp_path / "w1-lora")
+    answer, _ = run(*lora, "--simulate-world", 2, "--output", tmp_path / "w2-lora-again")
+    assert f"vs {tmp_path / 'w1-lora'} (W=1)" in answer, answer
+    answer, _ = run("--simulate-world", 2, "--output", tmp_path / "w2-full")
+    assert "no W=1 baseline" in answer, answer

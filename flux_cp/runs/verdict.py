@@ -92,6 +92,12 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
             flags += f" --config {cf if rel.startswith('..') else rel}"
     if harness(d) == "bare":  # the next runs in the same loop, to be compared with this one
         flags += " --harness bare"
+    run = d["config"]["run"]  # settings that change a step's work: the baseline must share them (_key)
+    for flag, key, default in (("--lora-rank", "lora_rank", 0), ("--lora-alpha", "lora_alpha", None),
+                               ("--lora-targets", "lora_targets", "attention"),
+                               ("--checkpointing", "checkpointing", "none"), ("--fp8", "fp8", "none")):
+        if run.get(key, default) != default:
+            flags += f" {flag} {run[key]:g}" if isinstance(run[key], float) else f" {flag} {run[key]}"
     if w == 1 and d["cp"] == "none":
         line += " (the W=1 baseline)"
         nxt = f"python scripts/train_bench.py{flags} --devices 2   (or --simulate-world 2 on one device)"
