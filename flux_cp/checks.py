@@ -220,13 +220,18 @@ def _check_fp8(run: RunConfig) -> None:
     if run.accelerator != "gpu":
         raise ConfigError(f"--fp8 {run.fp8}: float8 GEMMs need a GPU with FP8 tensor cores (H100 or newer); drop it on "
                           "a CPU")
-    if importlib.util.find_spec("torchao") is None:
-        raise ConfigError(f"--fp8 {run.fp8}: torchao's float8 training is not installed (pip install -e '.[fp8]')")
     if run.precision != "bf16-true":
         raise ConfigError(f"--fp8 {run.fp8}: float8 linears train beside bf16 weights (use --precision bf16-true)")
     if run.cp == "tp":
         raise ConfigError("--fp8 with --cp tp: the TP linears are this tool's own sharded modules, which torchao's "
                           "float8 conversion does not know (use --cp ulysses, torch, allgather-kv or none)")
+
+
+def check_installed(run: RunConfig) -> None:
+    """What this machine must have for the run (apart from the settings' own checks in resolve, which a sweep also
+    runs for the device a suite is meant for): torchao for --fp8."""
+    if run.fp8 != "none" and importlib.util.find_spec("torchao") is None:
+        raise ConfigError(f"--fp8 {run.fp8}: torchao's float8 training is not installed (pip install -e '.[fp8]')")
 
 
 def _check_lora(run: RunConfig, model: ModelConfig) -> None:

@@ -22,7 +22,7 @@ if __name__ == "__main__":  # a Ctrl-C while importing ends quietly; main() then
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from flux_cp.checks import resolve  # noqa: E402
+from flux_cp.checks import check_installed, resolve  # noqa: E402
 from flux_cp.config import ConfigError, parse_config, run_name  # noqa: E402
 from flux_cp.runs.outputs import run_dir  # noqa: E402
 
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         given = sys.argv[1:] if argv is None else argv
         cfg = parse_config(given, cuda_available=torch.cuda.is_available())
         cfg = resolve(cfg, cuda_available=torch.cuda.is_available(), gpu_count=torch.cuda.device_count())
+        check_installed(cfg.run)
         # global rank 0's process claims the run folder before any other rank starts (flux_cp/runs/outputs.py)
         claimer = is_launcher_process() and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
         mode = "ops" if cfg.run.ops_only else "train"

@@ -61,10 +61,13 @@ def test_prefetch_names_the_next_blocks_and_reshard_last_the_last_ones():
 
     from .conftest import free_port
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    created = not dist.is_initialized()  # an in-process run of this worker may have left its group
+    if created:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         model = FluxDiT(parse_config(["--config", str(TINY)], cuda_available=False).model).double()
-        shard_weights(model, init_device_mesh("cpu", (1,)), RunConfig(fsdp_prefetch=2, fsdp_reshard_last=1))
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        shard_weights(model, mesh, RunConfig(fsdp_prefetch=2, fsdp_reshard_last=1))
         blocks = [*model.double_blocks, *model.single_blocks]
         state = [b._get_fsdp_state() for b in blocks]
         fwd = [[state.index(s) for s in st._states_to_forward_prefetch] for st in state]
@@ -74,4 +77,5 @@ def test_prefetch_names_the_next_blocks_and_reshard_last_the_last_ones():
             [False, False, False, True]
         assert isinstance(model.proj_out.weight, torch.distributed.tensor.DTensor)
     finally:
-        dist.destroy_process_group()
+        if created:
+            dist.destroy_process_group()
