@@ -33,6 +33,9 @@ _SAVE = {
 }
 if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):  # the CPU's flash kernel
     _SAVE.add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+# --fp8: torchao's float8 GEMMs and the amax reductions that scale them (torchtitan's list): else selective would
+# recompute every FP8 GEMM in the backward, full checkpointing's cost
+_SAVE |= {torch.ops.aten._scaled_mm.default, torch.ops.aten.max.default}
 
 
 def _policy(ctx, func, *args, **kwargs):
