@@ -111,7 +111,29 @@ def timeline_from_record(rec: dict) -> tuple[Timeline, list[Collective]]:
     colls = [Collective.from_dict({**c, "issue_ms": c.get("issue_ms") or 0.0}) for c in rec["collectives"]]
     # a ring step's send and recv run at once in opposite directions: the send carries the price
     sends = {(c.bytes, c.issue_ms) for c in colls if c.kind == "send"}
-    return tl, [c for c in colls if not (c.kind == "recv" and (c.bytes, c.issue_ms) in sends)]
+    return tl, place_fsdp([c for c in colls if not (c.kind == "recv" and (c.bytes, c.issue_ms) in sends)], tl)
+
+
+def place_fsdp(colls: list[Collective], tl: Timeline) -> list[Collective]:
+    """FSDP2's all-gathers and reduce-scatters, where the compute waits for them. FSDP2 issues them synchronously
+    on its own streams (the ledger: stream side, async false) and makes the compute stream wait on an event: a
+    unit's all-gather is issued one unit ahead (its forward: when the unit before starts; its backward: when the unit
+    after starts its backward; --fsdp-prefetch: N ahead) and waited for where the unit starts, which is where the
+    next all-gather is issued; a reduce-scatter is waited for at the end of the backward. Priced as blocking they
+    would charge the step every byte FSDP hides."""
+    gathers = [i for i, c in enumerate(colls) if c.stream == "side" and not c.is_async and c.kind == "all_gather"]
+    out = list(colls)
+    for i, c in enumerate(colls):
+        if c.stream != "side" or c.is_async or c.wait_ms is not None or c.kind not in ("all_gather",
+                                                                                        "reduce_scatter"):
+            continue
+        end = tl.phase_end(c.issue_ms)
+        wait = end
+        if c.kind == "all_gather":  # the next unit's gather: where this unit starts (within this phase)
+            later = [colls[j].issue_ms for j in gathers if j > i and colls[j].issue_ms > c.issue_ms]
+            wait = min(later[0], end) if later else end
+        out[i] = Collective(c.kind, c.bytes, c.group_size, c.issue_ms, True, wait, c.stream)
+    return out
 
 
 def predict_ledger(ledger: list[dict], link: LinkProfile, step_ms: float | None = None) -> Prediction:

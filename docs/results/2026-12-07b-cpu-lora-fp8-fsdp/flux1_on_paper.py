@@ -14,8 +14,9 @@ for fuse in ("true", "false"):
         lora = lora_train_flops(cfg.model, cfg.data, targets, rank)
         plans = {(p.world, p.weights): p for W in (1, 8) for p in enumerate_plans(
             cfg, seq_len=4608, global_batch=W, world=W, cps=("none",), weights=("ddp", "fsdp"), memory_gib_limit=80)}
+        n_a = adapter_params(cfg.model, targets, rank)
         print(f"fused={fuse} r={rank} {targets}: {lora['total'] / 1e12:.1f} TFLOP a sample ({lora['total'] / full:.3f} "
-              f"of full fine-tuning's {full / 1e12:.1f}), adapters {adapter_params(cfg.model, targets, rank) / 1e6:.1f} M "
+              f"of full fine-tuning's {full / 1e12:.1f}), adapters {n_a / 1e6:.1f} M "
               f"({lora['adapters'] / lora['total']:.2%} of the FLOPs); GiB a rank: W=1 DDP "
               f"{plans[1, 'ddp'].memory_gib:.1f}, W=8 DDP {plans[8, 'ddp'].memory_gib:.1f}, "
               f"W=8 FSDP {plans[8, 'fsdp'].memory_gib:.1f}")
