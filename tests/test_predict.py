@@ -178,6 +178,11 @@ def test_fsdp2s_gathers_are_waited_for_where_their_unit_starts():
     assert p.exposed_ms_by_kind == {"all_gather": pytest.approx(0.0), "reduce_scatter": pytest.approx(0.0)}
     late = [Collective("all_gather", 4 * MB, 2, issue_ms=t, stream="side") for t in (0.0, 1.0)]  # waited at 1 ms
     assert predict(TL, place_fsdp(late, TL), LINK).exposed_ms_by_kind["all_gather"] == pytest.approx(1.0)
+    # gathers 1 ms apart, 2 ms each: one unit ahead, two of them wait 1 ms; --fsdp-prefetch 2 (waited for at the
+    # second gather on), none does
+    ahead = [Collective("all_gather", 4 * MB, 2, issue_ms=t, stream="side") for t in (0.0, 1.0, 2.0)]
+    assert predict(TL, place_fsdp(ahead, TL, 1), LINK).exposed_ms_by_kind["all_gather"] == pytest.approx(2.0)
+    assert predict(TL, place_fsdp(ahead, TL, 2), LINK).exposed_ms_by_kind["all_gather"] == pytest.approx(0.0)
     blocking = [Collective(c.kind, c.bytes, c.group_size, c.issue_ms) for c in side]
     assert predict(TL, place_fsdp(blocking, TL), LINK).exposed_ms == pytest.approx(6 * 2.0)
 

@@ -29,7 +29,7 @@ tensor; all-gather: its output; reduce-scatter: its input).
 from dataclasses import asdict, dataclass
 
 from flux_cp.predict import links
-from flux_cp.predict.step_model import predict_ledger
+from flux_cp.predict.step_model import fsdp_ahead, predict_ledger
 
 NODE = 8  # GPUs per node (HGX/DGX H100, H200): the W of the FSDP run priced
 FSDP_KINDS = ("all_gather", "reduce_scatter")
@@ -150,17 +150,20 @@ def plan(d: dict, ledger: list[dict], tiers: TwoTier, nodes=(2, 4, 8), work: dic
     check_run(d)
     work = work if work is not None else d.get("throughput") or {}
     step = float(d["metrics"]["step_ms"]["median"])
+    ahead = fsdp_ahead(d)  # --fsdp-prefetch: how far ahead its gathers are issued
     recs = [r for r in ledger if r.get("kind") not in ("probe", "settle")] or ledger  # as predict_ledger reads it
     out = []
     for n in nodes:
         hsdp, fsdp = [], []
         for rec in recs:
             k = step / rec["step_ms"] if rec.get("step_ms") else 1.0
-            inside = predict_ledger([rec], tiers.intra, step_ms=step)
+            inside = predict_ledger([rec], tiers.intra, step_ms=step, fsdp_ahead=ahead)
             ars = _all_reduces(rec, n, tiers.intra, k) if n > 1 else []
-            tail = predict_ledger([rec | {"collectives": ars}], tiers.inter, step_ms=step).exposed_ms if ars else 0.0
+            tail = 0.0
+            if ars:  # the cross-node all-reduces on their own stream: what they add beyond the node's step
+                tail = predict_ledger([rec | {"collectives": ars}], tiers.inter, step_ms=step).exposed_ms
             hsdp.append((inside.predicted_ms + tail, inside.exposed_ms + tail, sum(c["bytes"] for c in ars)))
-            p = predict_ledger([_across(rec, n)], tiers, step_ms=step)
+            p = predict_ledger([_across(rec, n)], tiers, step_ms=step, fsdp_ahead=ahead)
             spans = sum(float(c["bytes"]) for c in rec["collectives"] if c["kind"] in FSDP_KINDS) if n > 1 else 0.0
             fsdp.append((p.predicted_ms, p.exposed_ms, spans))
         priced = [Priced(s, e, *_rate(work, s), b) for s, e, b in (_median(hsdp), _median(fsdp))]

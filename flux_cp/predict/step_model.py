@@ -102,8 +102,9 @@ def predict(tl: Timeline, colls: list[Collective], link: LinkProfile) -> Predict
     return Prediction(tl.step_ms + shift, tl.step_ms, tl.step_ms + total, total, exposed, priced)
 
 
-def timeline_from_record(rec: dict) -> tuple[Timeline, list[Collective]]:
-    """One ledger record of summary.json's comm.ledger (see docs/design.md) -> the timeline and its collectives."""
+def timeline_from_record(rec: dict, fsdp_ahead: int = 1) -> tuple[Timeline, list[Collective]]:
+    """One ledger record of summary.json's comm.ledger (see docs/design.md) -> the timeline and its collectives.
+    fsdp_ahead: how many units ahead FSDP2 gathers (fsdp_ahead(summary))."""
     ph = rec.get("phases") or {}
     tl = Timeline(float(rec["step_ms"]), ph.get("forward_end_ms", ph.get("forward_end")),
                   ph.get("backward_end_ms", ph.get("backward_end")))
@@ -111,16 +112,22 @@ def timeline_from_record(rec: dict) -> tuple[Timeline, list[Collective]]:
     colls = [Collective.from_dict({**c, "issue_ms": c.get("issue_ms") or 0.0}) for c in rec["collectives"]]
     # a ring step's send and recv run at once in opposite directions: the send carries the price
     sends = {(c.bytes, c.issue_ms) for c in colls if c.kind == "send"}
-    return tl, place_fsdp([c for c in colls if not (c.kind == "recv" and (c.bytes, c.issue_ms) in sends)], tl)
+    return tl, place_fsdp([c for c in colls if not (c.kind == "recv" and (c.bytes, c.issue_ms) in sends)], tl,
+                          fsdp_ahead)
 
 
-def place_fsdp(colls: list[Collective], tl: Timeline) -> list[Collective]:
+def fsdp_ahead(d: dict) -> int:
+    """Units ahead a run's FSDP2 issues its all-gathers: --fsdp-prefetch N, else FSDP2's own one."""
+    return max(1, int(run_setting(d["config"]["run"], "fsdp_prefetch")))
+
+
+def place_fsdp(colls: list[Collective], tl: Timeline, ahead: int = 1) -> list[Collective]:
     """FSDP2's all-gathers and reduce-scatters, where the compute waits for them. FSDP2 issues them synchronously
     on its own streams (the ledger: stream side, async false) and makes the compute stream wait on an event: a
-    unit's all-gather is issued one unit ahead (its forward: when the unit before starts; its backward: when the unit
-    after starts its backward; --fsdp-prefetch: N ahead) and waited for where the unit starts, which is where the
-    next all-gather is issued; a reduce-scatter is waited for at the end of the backward. Priced as blocking they
-    would charge the step every byte FSDP hides."""
+    unit's all-gather is issued `ahead` units ahead (its forward: when the unit before starts; its backward: when the
+    unit after starts its backward; --fsdp-prefetch N: N ahead, one new gather a unit) and waited for where the unit
+    starts, which is where the gather `ahead` places later is issued; a reduce-scatter, at the end of the backward.
+    Priced as blocking they would charge the step every byte FSDP hides."""
     gathers = [i for i, c in enumerate(colls) if c.stream == "side" and not c.is_async and c.kind == "all_gather"]
     out = list(colls)
     for i, c in enumerate(colls):
@@ -129,14 +136,15 @@ def place_fsdp(colls: list[Collective], tl: Timeline) -> list[Collective]:
             continue
         end = tl.phase_end(c.issue_ms)
         wait = end
-        if c.kind == "all_gather":  # the next unit's gather: where this unit starts (within this phase)
-            later = [colls[j].issue_ms for j in gathers if j > i and colls[j].issue_ms > c.issue_ms]
-            wait = min(later[0], end) if later else end
+        if c.kind == "all_gather":  # the gather `ahead` units on: where this unit starts (within this phase)
+            later = [colls[j].issue_ms for j in gathers if j > i and colls[j].issue_ms >= c.issue_ms]
+            wait = min(later[ahead - 1], end) if len(later) >= ahead else end
         out[i] = Collective(c.kind, c.bytes, c.group_size, c.issue_ms, True, wait, c.stream)
     return out
 
 
-def predict_ledger(ledger: list[dict], link: LinkProfile, step_ms: float | None = None) -> Prediction:
+def predict_ledger(ledger: list[dict], link: LinkProfile, step_ms: float | None = None,
+                   fsdp_ahead: int = 1) -> Prediction:
     """The median step over the ledger's records (each predicted on its own timeline).
 
     step_ms: rescale every record's timeline to this step (e.g. the run's median step_ms), so that the
@@ -144,7 +152,7 @@ def predict_ledger(ledger: list[dict], link: LinkProfile, step_ms: float | None 
     preds = []
     # a probe step's step_ms is busy time; the step after it starts on an idle device
     for rec in [r for r in ledger if r.get("kind") not in ("probe", "settle")] or ledger:
-        tl, colls = timeline_from_record(rec)
+        tl, colls = timeline_from_record(rec, fsdp_ahead)
         if step_ms is not None and tl.step_ms > 0:
             tl, colls = _scaled(tl, colls, step_ms / tl.step_ms)
         preds.append(predict(tl, colls, link))

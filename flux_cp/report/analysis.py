@@ -16,7 +16,7 @@ from pathlib import Path
 
 from flux_cp.config import DDP_WEIGHTS, run_setting
 from flux_cp.predict.links import LinkProfile, for_world
-from flux_cp.predict.step_model import approximate_ledger, predict, predict_ledger
+from flux_cp.predict.step_model import approximate_ledger, fsdp_ahead, predict, predict_ledger
 
 from .runs import (
     COMPUTE,
@@ -114,7 +114,7 @@ def comm_prediction(run: Run, W: int, link: LinkProfile | None) -> dict:
     if run.ledger_twin is not None:  # its own misses collectives or their place (borrow_ledgers)
         ledger, src = run.ledger_twin.d["comm"]["ledger"], f"ledger of its eager twin {run.ledger_twin.name}"
     if ledger:
-        p = predict_ledger(ledger, link, step_ms=step)
+        p = predict_ledger(ledger, link, step_ms=step, fsdp_ahead=fsdp_ahead(d))
         nbytes = {}
         for c in ledger[len(ledger) // 2]["collectives"]:
             nbytes[c["kind"]] = nbytes.get(c["kind"], 0) + c["bytes"]

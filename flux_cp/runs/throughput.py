@@ -79,10 +79,10 @@ def ranked_throughput(d: dict, ledger: list[dict] | None, link: "str | object | 
         out["basis"] = "a simulated rank's compute, collectives not priced"
         if on_gpu and ledger and link is not None and step:
             from flux_cp.predict import links
-            from flux_cp.predict.step_model import predict_ledger
+            from flux_cp.predict.step_model import fsdp_ahead, predict_ledger
 
             prof = links.load(link) if isinstance(link, (str, Path)) else link
-            pred = predict_ledger(ledger, prof, step_ms=step)
+            pred = predict_ledger(ledger, prof, step_ms=step, fsdp_ahead=fsdp_ahead(d))
             if pred is not None:
                 out |= {"step_ms": pred.predicted_ms, "exposed_comm_ms": pred.exposed_ms, "link": prof.name,
                         "basis": f"a simulated rank, its collectives priced with {prof.name}"}
