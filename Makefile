@@ -25,12 +25,16 @@ bench: setup
 
 test: setup  # the CPU tests but the slow set (CI runs both sets: .ci/run); two workers, a test
 	# file each (its module fixtures run once): most tests wait on single-threaded start-ups of train_bench processes
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow" --durations=10 $(ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow and not peft" --durations=10 $(ARGS)
 
 test-slow: setup  # hung and killed ranks, interrupts, sweeps of real runs (OOM, resume), compiling on the CPU
-	$(BIN)/python -m pytest -q -n 2 -m slow --durations=10 $(ARGS)  # two at a time: the hung-rank cases mostly wait
+	$(BIN)/python -m pytest -q -n 2 -m "slow and not peft" --durations=10 $(ARGS)  # two at a time: the hung-rank cases mostly wait
+
+test-peft: setup  # --lora-rank's adapters against peft's own: peft in for these tests only (it slows every import)
+	$(BIN)/pip install -qq -e ".[peft]"
+	rc=0; $(BIN)/python -m pytest -q -m peft $(ARGS) || rc=$$?; $(BIN)/pip uninstall -qq -y peft transformers; exit $$rc
 
 lint: setup
 	$(BIN)/ruff check .
 
-.PHONY: setup bench test test-slow lint
+.PHONY: setup bench test test-slow test-peft lint

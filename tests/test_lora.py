@@ -126,3 +126,42 @@ def test_a_lora_run_is_divided_only_by_a_lora_baseline(tmp_path, capsys):
     assert f"vs {tmp_path / 'w1-lora'} (W=1)" in answer, answer
     answer, _ = run("--simulate-world", 2, "--output", tmp_path / "w2-full")
     assert "no W=1 baseline" in answer, answer
+
+
+@pytest.mark.peft
+@pytest.mark.parametrize("targets", ["attention", "attention,mlp"])
+def test_the_adapters_are_pefts(targets):
+    """flux_cp's LoraLinear against peft's own LoRA (inject_adapter_in_model, the same LoraConfig) on the tiny model,
+    fp64, from the same seed: the same parameter names, the same init (peft's RNG draws), the same trainable set, and
+    bit-equal losses and gradients over a forward and backward."""
+    peft = pytest.importorskip("peft")
+    from flux_cp.model import FluxDiT, image_ids, text_ids
+    from flux_cp.train.step import build_model
+
+    cfg = parse_config(["--config", str(TINY), "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", targets],
+                       cuda_available=False)
+    ours = build_model(cfg).double()
+    torch.manual_seed(cfg.data.seed)
+    theirs = FluxDiT(cfg.model)
+    from flux_cp.lora import lora_modules
+
+    names = [lin.name for lin in lora_modules(cfg.model, targets)]
+    peft.inject_adapter_in_model(peft.LoraConfig(r=4, lora_alpha=8, target_modules=names), theirs)
+    theirs.double()
+    a, b = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[n], b[n]) and a[n].requires_grad == b[n].requires_grad for n in a)
+    d, mc = cfg.data, cfg.model
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, d.image_height * d.image_width, mc.in_channels, generator=g, dtype=torch.float64)
+    text = torch.randn(1, d.text_tokens, mc.text_dim, generator=g, dtype=torch.float64)
+    pooled, t = torch.randn(1, mc.pooled_dim, generator=g, dtype=torch.float64), torch.rand(1, generator=g)
+    rope = ours.rope(text_ids(d.text_tokens), image_ids(d.image_height, d.image_width), torch.float64)
+    losses = []
+    for m in (ours, theirs):
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            loss = m(x, text, pooled, t.double(), rope).pow(2).mean()
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == losses[1]
+    assert all(torch.equal(a[n].grad, b[n].grad) for n in a if a[n].requires_grad)

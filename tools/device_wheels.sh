@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheels a device call carries (.whl/, git-ignored): what the lent GPU machines lack for this project.
 #   tools/device_wheels.sh          # once per checkout, here (not on the device): then carry ".whl" in each call
-# The device image has torch, lightning, peft and transformers (LoRA runs need nothing more), but not diffusers,
+# The device image has torch and lightning (LoRA runs need nothing more: flux_cp has its own adapters), but not diffusers,
 # wandb or jsonargparse (../shared/device-wheels) nor torchao (--fp8: downloaded here for Python 3.12 x86_64).
 set -euo pipefail
 cd "$(dirname "$0")/.."
