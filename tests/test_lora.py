@@ -106,10 +106,12 @@ def test_block_linears_are_the_models(fuse):
     assert built == {(lin.name, lin.fan_in, lin.fan_out) for lin in block_linears(cfg.model)}
 
 
-def test_a_lora_run_is_divided_only_by_a_lora_baseline(tmp_path, capsys):
+def test_a_lora_run_is_divided_only_by_a_lora_baseline(tmp_path, capsys, monkeypatch):
     """The closing line's W=1 baseline shares the run's LoRA settings: a LoRA W=2 rank finds the LoRA W=1 run, a full
     fine-tune W=2 rank beside it does not, and the next command it gives repeats the LoRA flags."""
     from .conftest import train_bench
+
+    monkeypatch.chdir(tmp_path)  # the verdict also searches ./runs: a checkout's own runs (make bench) stay out
 
     def run(*args) -> list[str]:
         capsys.readouterr()
