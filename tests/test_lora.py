@@ -167,3 +167,24 @@ def test_the_adapters_are_pefts(targets):
         losses.append(loss.item())
     assert losses[0] == losses[1]
     assert all(torch.equal(a[n].grad, b[n].grad) for n in a if a[n].requires_grad)
+
+
+def test_the_reports_w1_references_of_a_lora_run_are_lora_runs():
+    """The reconciliation's W=1 references (the user's step, the best W=1 step) come from runs of the same work: a
+    faster full fine-tune W=1 step is not a LoRA run's reference, nor the other way round."""
+    from pathlib import Path
+
+    from flux_cp.report.reconcile import _w1_refs
+    from flux_cp.report.runs import Config, Row, Run
+
+    key = {"device": "H100", "heads": 24, "head_dim": 128, "mlp_ratio": 4.0, "blocks": "19+38", "seq_len": 4608,
+           "batch": 1, "precision": "bf16-true", "harness": "bare", "compile": "off"}
+
+    def config(lora: str, ms: float) -> Config:
+        row = Row(1, Run(Path(f"/r/{lora}/summary.json"), {}), baseline=True, a={"step_ms": ms, "cp": "torch",
+                                                                                   "run": f"w1-{lora}"})
+        return Config(lora, key | {"lora": lora}, "torch", [row])
+
+    configs = [config("off", 400.0), config("r64 attention", 520.0)]
+    assert _w1_refs(configs, key | {"lora": "r64 attention"})["best"]["ms"] == 520.0
+    assert _w1_refs(configs, key | {"lora": "off"})["user"]["ms"] == 400.0

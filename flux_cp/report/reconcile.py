@@ -23,7 +23,9 @@ TARGETS = {2: {"user": 1.85, "best": 1.6}, 8: {"user": 5.0}}
 USER_KEY = {"seq_len": 4608, "batch": 1, "compile": "off", "weights": "ddp"}
 WATERFALL = ("ideal (W=1 step / W)", "attention chunking", "host-bound", "non-scaling compute", "exposed comm")
 # compile and weights vary; the harness never does (a bare loop's speedup is not a Lightning step's)
-SAME = ("device", "heads", "head_dim", "mlp_ratio", "blocks", "seq_len", "batch", "precision", "harness")
+# what the W=1 references share with the run (compile and the strategy may differ: the best W=1 step is any build's);
+# LoRA's step is other work (a frozen base), so its references are LoRA runs of the same adapters
+SAME = ("device", "heads", "head_dim", "mlp_ratio", "blocks", "seq_len", "batch", "precision", "harness", "lora")
 
 
 def _family(c: Config) -> str:
