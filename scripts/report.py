@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from flux_cp.config import ConfigError  # noqa: E402
 from flux_cp.predict import links  # noqa: E402
 from flux_cp.report import (  # noqa: E402
+    ACROSS,
     ReportError,
     build,
     log_wandb,
@@ -25,7 +26,15 @@ from flux_cp.report import (  # noqa: E402
     wandb_report,
     write,
 )
-from flux_cp.runs.cli import Parser, check_folder, first_sentences, load_link, positive, unwritable  # noqa: E402
+from flux_cp.runs.cli import (  # noqa: E402
+    Parser,
+    check_folder,
+    first_sentences,
+    items,
+    load_link,
+    positive,
+    unwritable,
+)
 
 
 def parser() -> Parser:
@@ -42,6 +51,9 @@ def parser() -> Parser:
     p.add_argument("--reconcile", default="torch(allgather)", metavar="STRATEGY",
                    help="the strategy 'Reconciling the 1.66x' decomposes (default: torch(allgather), the user's ring, "
                    "in the regime the verdict names; another: its configurations against their own W=1 step)")
+    p.add_argument("--across", default=None, metavar="SETTING,...", help="compare runs that differ in these "
+                   "settings as one configuration, against one W=1 baseline: lora, checkpointing, fp8 (default: "
+                   "each apart, e.g. LoRA runs only with LoRA runs of the same adapters)")
     p.add_argument("--wandb-mode", choices=("offline", "online", "disabled"), default="offline",
                    help="where the report's wandb run goes (default: offline)")
     p.add_argument("--wandb-report", action="store_true", help="also build a wandb Report (online; wandb-workspaces)")
@@ -61,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             check_folder("--out", out)
         elif why := unwritable(out):
             raise ReportError(f"RUNS_DIR {args.runs_dir}: its report folder {out}: {why} (or pick one: --out DIR)")
-        report = build(args.runs_dir, link=link, cpu_link=cpu_link, user=args.reconcile)
+        across = tuple(items("--across", args.across, ACROSS)) if args.across is not None else ()
+        report = build(args.runs_dir, link=link, cpu_link=cpu_link, user=args.reconcile, across=across)
     except (ReportError, ConfigError) as e:
         print(f"report.py: error: {e}", file=sys.stderr)
         return 2

@@ -107,6 +107,7 @@ ROWS = [
     ("sweep", [SWEEP_CPU, SWEEP_CPU, "--output", "{tmp}/o"], "--output takes one sweep"),
     ("sweep", [SWEEP_CPU, "--output", "{tmp}/o", "--output-root", "{tmp}/r"], "--output-root: not allowed with"),
 
+    ("report", ["{tmp}/d", "--across", "rank"], "--across rank: rank unknown (choose from lora, checkpointing, fp8"),
     ("report", ["{tmp}/nope"], "RUNS_DIR {tmp}/nope: not a directory"),
     ("report", ["{tmp}/afile"], "RUNS_DIR {tmp}/afile: not a directory"),
     ("report", ["{tmp}/d"], "RUNS_DIR {tmp}/d: no summary.json found"),

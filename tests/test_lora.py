@@ -188,3 +188,23 @@ def test_the_reports_w1_references_of_a_lora_run_are_lora_runs():
     configs = [config("off", 400.0), config("r64 attention", 520.0)]
     assert _w1_refs(configs, key | {"lora": "r64 attention"})["best"]["ms"] == 520.0
     assert _w1_refs(configs, key | {"lora": "off"})["user"]["ms"] == 400.0
+
+
+def test_the_report_compares_lora_with_full_fine_tuning_only_when_asked(tmp_path, monkeypatch):
+    """scripts/report.py groups a LoRA run apart from full fine-tuning (no W=1 baseline of its own here); with
+    --across lora the two share a configuration and the LoRA rank is divided by the full W=1 step."""
+    from flux_cp.report import build
+
+    from .conftest import main_in_process
+
+    monkeypatch.chdir(tmp_path)
+    common = ("--config", TINY, "--steps", 3, "--warmup-steps", 1, "--wandb-mode", "disabled")
+    assert main_in_process(*common, "--devices", 1, "--cp", "none", "--output", tmp_path / "runs" / "w1")[0] == 0
+    assert main_in_process(*common, "--simulate-world", 2, "--cp", "allgather-kv", "--lora-rank", 4,
+                           "--output", tmp_path / "runs" / "w2-lora")[0] == 0
+    apart = build(tmp_path / "runs")
+    lora = [c for c in apart.configs if c.key["lora"] != "off"]
+    assert len(lora) == 1 and lora[0].baseline is None
+    together = build(tmp_path / "runs", across=("lora",))
+    (c,) = [c for c in together.configs if any(r.W == 2 for r in c.rows)]
+    assert "lora" not in c.key and c.baseline.run.path.parent.name == "w1"

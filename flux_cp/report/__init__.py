@@ -31,5 +31,5 @@ from .render import (  # noqa: F401
     verdict_lines,
     write,
 )
-from .runs import COMPUTE, OPS, PART_LABEL, PARTS, ReportError, config_key, discover, group  # noqa: F401
+from .runs import ACROSS, COMPUTE, OPS, PART_LABEL, PARTS, ReportError, config_key, discover, group  # noqa: F401
 from .wandb_out import log_wandb, wandb_report  # noqa: F401

@@ -386,6 +386,7 @@ class Report:
     regimes: dict | None = None  # regimes.regimes(): the user's W >= 2 runs against every W=1 baseline kind
     levers: dict | None = None  # levers.levers(): pairs of runs of one call that differ in one lever's settings
     plans: list | None = None  # scripts/plan.py's cells found under the root (their plan.json), ranked rows each
+    across: tuple = ()  # settings compared across (scripts/report.py --across): left out of the configurations' keys
     headline: dict | None = None  # headline.headline(): the verdicts the report opens with
     efficiency: list | None = None  # efficiency.efficiency(): each profiled GPU run's MFU by part and kernel
 

@@ -17,7 +17,7 @@ from .runs import ReportError, Skipped, _first_line, discover, group, isolated_r
 
 
 def build(root: Path, link=None, cpu_link=None,
-          user: str = "torch(allgather)") -> Report:
+          user: str = "torch(allgather)", across: tuple[str, ...] = ()) -> Report:
     """Discover, group, analyse; then the sections that read across configurations: the regimes first, the verdict
     and the reconciliation from them (the user's strategy: `user`), the harness's cost, the levers."""
     root = Path(root)
@@ -30,7 +30,7 @@ def build(root: Path, link=None, cpu_link=None,
     borrow_ledgers(runs)
     iso = isolated_rows(runs)
     configs = []
-    for c in group(runs):
+    for c in group(runs, across):  # across: settings whose runs share configurations (--across)
         try:
             analyse(c, iso, link, cpu_link)
             configs.append(c)
@@ -38,6 +38,7 @@ def build(root: Path, link=None, cpu_link=None,
             why = f"could not analyse configuration {c.title} ({type(e).__name__}: {_first_line(e)})"
             skipped += [Skipped(r.run.path, "skipped", why) for r in c.rows]
     rep = Report(root, link, cpu_link, configs, runs, skipped, iso)
+    rep.across = tuple(across)
     rep.regimes = regimes(rep)  # first: the headline and the reconciliation speak with its figures
     host_axis(rep)  # each regime's speedups as a function of the host's speed
     rep.headline = headline(rep)

@@ -210,7 +210,7 @@ def _from_regime(report, reg: dict) -> dict:
                         "step_ms": base["step_ms"], "regime": rid, "number": n},
            "baseline_run": base["run"], "baseline_ms": base["step_ms"], "user_speedup": USER_SPEEDUP, "rows": rows,
            "alternatives": sorted(alts, key=lambda x: (x["W"], -x["speedup"])),
-           "w1": _w1_refs(report.configs, config_key(run.d)),
+           "w1": _w1_refs(report.configs, config_key(run.d, report.across)),
            "regime": {"id": rid, "number": n, "verdict": s["verdict"], "reason": s["reason"],
                       "why": reg.get("headline_kind"), "speedups": s["speedups"], "basis": s["basis"]}}
     out["answer"] = _answer(out)

@@ -168,11 +168,15 @@ def _first_line(x) -> str:
 # ---------------------------------------------------------------- grouping
 
 
-def config_key(d: dict) -> dict:
-    """What must match for two runs to be compared (the CP strategy and W excluded)."""
+ACROSS = ("lora", "checkpointing", "fp8")  # settings a report compares across when asked (report.py --across)
+
+
+def config_key(d: dict, across: tuple[str, ...] = ()) -> dict:
+    """What must match for two runs to be compared (the CP strategy and W excluded; `across`: ACROSS settings left
+    out, so that runs differing in them share a configuration and its W=1 baseline)."""
     cfg, comp = d["config"], d.get("compile") or {}
     m, data, run = cfg["model"], cfg["data"], cfg["run"]
-    return {
+    key = {
         "device": d["env"]["device"],
         "heads": m["num_heads"],
         "head_dim": m["head_dim"],
@@ -201,6 +205,7 @@ def config_key(d: dict) -> dict:
         "checkpointing": run.get("checkpointing", "none"),
         "fp8": run.get("fp8", "none"),
     }
+    return {k: v for k, v in key.items() if k not in across}
 
 
 def strategy_label(d: dict) -> str:
@@ -275,12 +280,12 @@ def _latest(runs: list[Run]) -> tuple[Run, list[Run]]:
     return runs[-1], runs[:-1]
 
 
-def group(runs: list[Run]) -> list[Config]:
+def group(runs: list[Run], across: tuple[str, ...] = ()) -> list[Config]:
     """Train configurations: one per (config key, strategy), rows by W with the W=1 baseline first."""
     buckets: dict[str, list[Run]] = {}
     for r in runs:
         if r.d["mode"] == "train":
-            buckets.setdefault(json.dumps(config_key(r.d), sort_keys=True), []).append(r)
+            buckets.setdefault(json.dumps(config_key(r.d, across), sort_keys=True), []).append(r)
     all_w1 = [r for r in runs if r.d["mode"] == "train" and r.W == 1 and not r.simulated]
     configs = []
     for kjson, bucket in sorted(buckets.items()):
