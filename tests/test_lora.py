@@ -93,8 +93,8 @@ def test_lora_flops_equal_torchs_count_of_a_training_step(targets, fuse):
 
 @pytest.mark.parametrize("fuse", ["true", "false"])
 def test_block_linears_are_the_models(fuse):
-    """flux_cp/lora.py's table of the blocks' token linears (names, shapes) against a built model's."""
-    from flux_cp.lora import block_linears
+    """flux_cp/linears.py's table of the blocks' token linears (names, shapes) against a built model's."""
+    from flux_cp.linears import block_linears
     from flux_cp.model import FluxDiT
 
     cfg = parse_config(["--config", str(TINY), "--model.fuse_qkv", fuse], cuda_available=False)
@@ -208,3 +208,19 @@ def test_the_report_compares_lora_with_full_fine_tuning_only_when_asked(tmp_path
     together = build(tmp_path / "runs", across=("lora",))
     (c,) = [c for c in together.configs if any(r.W == 2 for r in c.rows)]
     assert "lora" not in c.key and c.baseline.run.path.parent.name == "w1"
+
+
+def test_fp8_converts_the_large_token_gemms_of_the_same_table():
+    """--fp8's targets are the blocks' token linears of flux_cp/linears.py with K and N >= 1024: every one at Flux.1's
+    dims (8 a double block, 3 a single one, fused q/k/v), none of the tiny model's (hidden 64), never the AdaLN
+    modulations or the embedders."""
+    from flux_cp.model import FluxDiT
+    from flux_cp.train.fp8 import fp8_targets
+
+    flux1 = parse_config(["--config", str(TINY.parent / "flux1.yaml")], cuda_available=True)
+    with torch.device("meta"):
+        m = FluxDiT(flux1.model)
+    names = fp8_targets(m)
+    assert len(names) == 8 * 19 + 3 * 38 and not any("norm" in n or "embed" in n for n in names)
+    with torch.device("meta"):
+        assert fp8_targets(FluxDiT(parse_config(["--config", str(TINY)], cuda_available=False).model)) == []

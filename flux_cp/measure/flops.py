@@ -46,7 +46,8 @@ def lora_train_flops(model: ModelConfig, data: DataConfig, targets: str, rank: i
     AdaLN modulations (1 x), the first adapted block's input projections and everything before them (1 x); the
     adapters cost 3 x forward (their A 2 x where its input needs no gradient); attention 3 x after the first adapter.
     Returns {"gemm", "attention", "adapters", "total"} (training FLOPs) and "fwd" (the forward's, adapters included)."""
-    from flux_cp.lora import block_linears, lora_modules
+    from flux_cp.linears import block_linears
+    from flux_cp.lora import lora_modules
 
     S = seq_len or data.seq_len
     St = data.text_tokens

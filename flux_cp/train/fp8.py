@@ -14,31 +14,24 @@ weights, their gradients and AdamW's state stay in the run's bf16. Only the GEMM
 MFU stays in model FLOPs against the device's bf16 dense peak (summary.json `fp8` says so): FP8 shows in tokens/s.
 """
 
-from torch import nn
+from flux_cp.linears import block_linears
 
 MIN_DIM = 1024  # K and N below this: the float8 casts cost more than the faster GEMM saves
 
 
 def fp8_targets(model) -> list[str]:
-    """Qualified names of the linears --fp8 converts: the blocks' token GEMMs (see the module docstring)."""
-    skip = {id(m) for m in model.conditioning_linears()}
-    out = []
-    for name, m in model.named_modules():
-        if not isinstance(m, nn.Linear) or id(m) in skip or not name.startswith(("double_blocks.", "single_blocks.")):
-            continue
-        k, n = m.in_features, m.out_features
-        if min(k, n) >= MIN_DIM and k % 16 == 0 and n % 16 == 0:
-            out.append(name)
-    return out
+    """Qualified names of the linears --fp8 converts: the blocks' token GEMMs (flux_cp/linears.py) whose K and N are
+    >= MIN_DIM and 16-aligned."""
+    return [lin.name for lin in block_linears(model.cfg)
+            if min(lin.fan_in, lin.fan_out) >= MIN_DIM and lin.fan_in % 16 == 0 and lin.fan_out % 16 == 0]
 
 
-def apply_fp8(model, recipe: str) -> list[str]:
-    """Convert fp8_targets(model) to torchao's Float8Linear with `recipe`'s scaling; returns their names."""
+def apply_fp8(model, recipe: str) -> None:
+    """Convert fp8_targets(model) to torchao's Float8Linear with `recipe`'s scaling."""
     if recipe == "none":
-        return []
+        return
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     targets = set(fp8_targets(model))
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
                                module_filter_fn=lambda m, fqn: fqn in targets)
-    return sorted(targets)

@@ -49,11 +49,11 @@ class LoraLinear(nn.Module):
         return (out + b(a(x.to(a.weight.dtype))) * self.scaling).to(out.dtype)
 
 
-def apply_lora(model, run) -> int:
-    """Adapters of rank run.lora_rank on run.lora_targets' linears, everything else frozen; returns the trainable
-    parameters' count."""
+def apply_lora(model, run) -> None:
+    """Adapters of rank run.lora_rank on run.lora_targets' linears, everything else frozen (summary.json's
+    lora.trainable_params counts them: flux_cp/lora.py's adapter_params)."""
     if not run.lora_rank:
-        return sum(p.numel() for p in model.parameters())
+        return
     targets = {lin.name for lin in lora_modules(model.cfg, run.lora_targets)}
     alpha = run.lora_alpha if run.lora_alpha is not None else run.lora_rank  # diffusers' Flux LoRA default: alpha = r
     for p in model.parameters():
@@ -62,4 +62,3 @@ def apply_lora(model, run) -> int:
         if name in targets:
             parent, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(parent), leaf, LoraLinear(module, run.lora_rank, alpha))
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
