@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from flux_cp.config import CPU_DEFAULT, GPU_DEFAULT
+from flux_cp.config import CPU_DEFAULT, GPU_DEFAULT, RunConfig, run_setting
 from flux_cp.runs.results import harness
 
 NOISY = 0.25  # (max - min) / median of step_ms above this: the min-max range is shown
@@ -24,12 +24,15 @@ def world(d: dict) -> int:
     return (d.get("simulate") or {}).get("world") or d.get("simulate_world") or d["world_size"]
 
 
+# run settings that change a step's work: a baseline shares them (a LoRA run's is a LoRA run of the same adapters),
+# and the closing line's next command repeats those set
+WORK = ("lora_rank", "lora_alpha", "lora_targets", "checkpointing", "checkpoint_fraction", "fp8")
+
+
 def _key(d: dict):
     run = d["config"]["run"]
-    # what changes the work of a step: a LoRA run's baseline is a LoRA run of the same adapters
-    lora = (run.get("lora_rank", 0), run.get("lora_targets", "attention"), run.get("lora_alpha"))
-    return (d["config"]["model"], d["config"]["data"], run["precision"], run["compile"], d["env"]["device"], lora,
-            run.get("checkpointing", "none"), run.get("fp8", "none"))
+    work = tuple(run_setting(run, k) for k in WORK)  # older summaries lack them: their defaults
+    return (d["config"]["model"], d["config"]["data"], run["precision"], run["compile"], d["env"]["device"], work)
 
 
 def _steady(b: dict) -> bool:
@@ -92,12 +95,10 @@ def verdict(d: dict, out: Path, roots: list[Path]) -> tuple[str, str]:
             flags += f" --config {cf if rel.startswith('..') else rel}"
     if harness(d) == "bare":  # the next runs in the same loop, to be compared with this one
         flags += " --harness bare"
-    run = d["config"]["run"]  # settings that change a step's work: the baseline must share them (_key)
-    for flag, key, default in (("--lora-rank", "lora_rank", 0), ("--lora-alpha", "lora_alpha", None),
-                               ("--lora-targets", "lora_targets", "attention"),
-                               ("--checkpointing", "checkpointing", "none"), ("--fp8", "fp8", "none")):
-        if run.get(key, default) != default:
-            flags += f" {flag} {run[key]:g}" if isinstance(run[key], float) else f" {flag} {run[key]}"
+    run = d["config"]["run"]
+    for key in WORK:  # the baseline must share them (_key)
+        if (v := run_setting(run, key)) != RunConfig.__dataclass_fields__[key].default:
+            flags += f" --{key.replace('_', '-')} {v:g}" if isinstance(v, float) else f" --{key.replace('_', '-')} {v}"
     if w == 1 and d["cp"] == "none":
         line += " (the W=1 baseline)"
         nxt = f"python scripts/train_bench.py{flags} --devices 2   (or --simulate-world 2 on one device)"
