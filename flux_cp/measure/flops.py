@@ -39,6 +39,9 @@ def model_flops(model: ModelConfig, data: DataConfig, seq_len: int | None = None
     return {"gemm": float(gemm), "attention": float(attention), "total": float(gemm + attention)}
 
 
+_LORA_FLOPS: dict[str, dict] = {}  # lora_train_flops by its arguments: summary.json's flushes between steps ask again
+
+
 def lora_train_flops(model: ModelConfig, data: DataConfig, targets: str, rank: int,
                      seq_len: int | None = None) -> dict:
     """One sample's training FLOPs under LoRA (--lora-rank): the base is frozen, so its GEMMs skip the weight
@@ -46,6 +49,13 @@ def lora_train_flops(model: ModelConfig, data: DataConfig, targets: str, rank: i
     AdaLN modulations (1 x), the first adapted block's input projections and everything before them (1 x); the
     adapters cost 3 x forward (their A 2 x where its input needs no gradient); attention 3 x after the first adapter.
     Returns {"gemm", "attention", "adapters", "total"} (training FLOPs) and "fwd" (the forward's, adapters included)."""
+    key = repr((model, data, targets, rank, seq_len))  # the configs' dataclass reprs: every field
+    if key not in _LORA_FLOPS:
+        _LORA_FLOPS[key] = _lora_train_flops(model, data, targets, rank, seq_len)
+    return dict(_LORA_FLOPS[key])
+
+
+def _lora_train_flops(model: ModelConfig, data: DataConfig, targets: str, rank: int, seq_len: int | None) -> dict:
     from flux_cp.linears import block_linears
     from flux_cp.lora import lora_modules
 
