@@ -72,7 +72,7 @@ def resolve(
         data.batch_size = data.global_batch // run.dp
     _check_accumulation(run, data)
     _check_fp8(run)
-    _check_lora(run, model)
+    check_lora(run, model)
     if run.cp == "tp" and (run.weights != "ddp" or run.split_conditioning):
         # ZeRO and FSDP would treat each rank's weight shards as copies of one parameter
         what = f"--weights {run.weights}" if run.weights != "ddp" else "--split-conditioning"
@@ -234,7 +234,7 @@ def check_installed(run: RunConfig) -> None:
         raise ConfigError(f"--fp8 {run.fp8}: torchao's float8 training is not installed (pip install -e '.[fp8]')")
 
 
-def _check_lora(run: RunConfig, model: ModelConfig) -> None:
+def check_lora(run: RunConfig, model: ModelConfig) -> None:
     """--lora-*: a rank >= 0; alpha and targets only with a rank; targets the model has; what LoRA does not combine
     with, refused with why."""
     from flux_cp.lora import lora_modules

@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from flux_cp.checks import check_lora  # noqa: E402
 from flux_cp.config import ConfigError, parse_config  # noqa: E402
 from flux_cp.runs.cli import Parser, at_least, check_folder, first_sentences, items, load_link, positive  # noqa: E402
 from flux_cp.runs.failures import EXIT_CONFIG  # noqa: E402
@@ -114,12 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.lora_rank or a.lora_targets is not None:  # every plan LoRA's (its checks: a rank, targets the model has)
             base += ["--lora-rank", str(a.lora_rank)] + (["--lora-targets", a.lora_targets] if a.lora_targets else [])
         cfg = parse_config(base, cuda_available=cuda)
-        if a.lora_targets is not None and not a.lora_rank:
-            raise ConfigError(f"--lora-targets {a.lora_targets}: sets LoRA's adapters, needs --lora-rank r >= 1")
-        if a.lora_rank:
-            from flux_cp.lora import lora_modules
-
-            lora_modules(cfg.model, cfg.run.lora_targets)  # a name the model lacks: its one line, here
+        check_lora(cfg.run, cfg.model)  # train_bench's own line, here rather than as every plan's pruned reason
         mem = a.memory_gib if a.memory_gib is not None else (
             torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None)
         link = load_link("--link", a.link)
