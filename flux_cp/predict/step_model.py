@@ -128,18 +128,15 @@ def place_fsdp(colls: list[Collective], tl: Timeline, ahead: int = 1) -> list[Co
     unit after starts its backward; --fsdp-prefetch N: N ahead, one new gather a unit) and waited for where the unit
     starts, which is where the gather `ahead` places later is issued; a reduce-scatter, at the end of the backward.
     Priced as blocking they would charge the step every byte FSDP hides."""
-    gathers = [i for i, c in enumerate(colls) if c.stream == "side" and not c.is_async and c.kind == "all_gather"]
+    fsdp = [c.stream == "side" and not c.is_async and c.wait_ms is None and c.kind in ("all_gather", "reduce_scatter")
+            for c in colls]
+    gathers = [i for i, c in enumerate(colls) if fsdp[i] and c.kind == "all_gather"]  # in issue order
+    unit_start = {i: colls[gathers[k + ahead]].issue_ms for k, i in enumerate(gathers) if k + ahead < len(gathers)}
     out = list(colls)
     for i, c in enumerate(colls):
-        if c.stream != "side" or c.is_async or c.wait_ms is not None or c.kind not in ("all_gather",
-                                                                                        "reduce_scatter"):
-            continue
-        end = tl.phase_end(c.issue_ms)
-        wait = end
-        if c.kind == "all_gather":  # the gather `ahead` units on: where this unit starts (within this phase)
-            later = [colls[j].issue_ms for j in gathers if j > i and colls[j].issue_ms >= c.issue_ms]
-            wait = min(later[ahead - 1], end) if len(later) >= ahead else end
-        out[i] = Collective(c.kind, c.bytes, c.group_size, c.issue_ms, True, wait, c.stream)
+        if fsdp[i]:  # waited for where its unit starts, within its phase; a reduce-scatter at the phase's end
+            wait = min(max(unit_start.get(i, float("inf")), c.issue_ms), tl.phase_end(c.issue_ms))
+            out[i] = Collective(c.kind, c.bytes, c.group_size, c.issue_ms, True, wait, c.stream)
     return out
 
 
