@@ -22,6 +22,8 @@ with tarfile.open(runs) as tar:
         tl, colls = timeline_from_record(d["comm"]["ledger"][-1])
         blocking = predict(tl, [type(c)(c.kind, c.bytes, c.group_size, c.issue_ms) for c in colls], link)
         old_ms = step + blocking.exposed_ms * step / tl.step_ms
+        old = throughput_of(d, old_ms)
         print(f"{member.name.split('/')[-2]:55} compute {step:7.1f} ms | blocking {old_ms:7.1f} ms "
-              f"MFU {throughput_of(d, old_ms)['throughput/device/mfu']:.1%} | placed {new['step_ms']:7.1f} ms "
-              f"(exposed {new['exposed_comm_ms']:.1f}) MFU {new['mfu']:.1%} | priced {blocking.comm_ms:.0f} ms")
+              f"{old['throughput/device/items_per_sec']:,.0f} tok/s/GPU MFU {old['throughput/device/mfu']:.1%} | "
+              f"placed {new['step_ms']:7.1f} ms (exposed {new['exposed_comm_ms']:.1f}) "
+              f"{new['tokens_per_s_per_gpu']:,.0f} tok/s/GPU MFU {new['mfu']:.1%} | priced {blocking.comm_ms:.0f} ms")
