@@ -23,9 +23,9 @@ step 8-24% longer than its bare twin at W = 4 and 8 (docs/archive/2026-12-03-h20
   step_ms), data_ms
   (host time from the end of this callback's hooks of the last step to the batch leaving the loader: the
   loader's wait and the loop's other hooks), transfer_ms (Lightning's copy of the batch to the device),
-  prologue_ms (from there to this step's start: Lightning's hooks) and after_ms (this callback's hook after
-  the step: reading finished steps, logging). A step's loop_ms is its
-  host_ms + after_ms and the next step's data_ms + transfer_ms + prologue_ms: the host's whole period;
+  prologue_ms (from there to this step's start: Lightning's hooks, this one's included) and after_ms (this
+  callback's hook after the step: reading finished steps, logging). A step's loop_ms is its host_ms + after_ms and
+  the next step's data_ms + transfer_ms + prologue_ms, exactly (shared stamps): the host's whole period;
   gc_ms is the part of that period Python's garbage collector took (wherever it struck);
 - "timed" (every --regions-every'th measured step, with --timing or the ledger): op regions on -> sdpa_*/qkv_gemm_*,
   the ledger records the step's collectives (flux_cp/measure/ledger.py: its kernels are registered in these steps only),
@@ -164,19 +164,18 @@ class OpTimingCallback(Callback):
         # The host's time between the last step's hooks and this one: the loader's next batch, then Lightning's
         # copy to the device (the module stamps both hooks), as torchtitan's data_loading time.
         marks = pl_module.batch_marks
-        self._between = {}
-        if self._t_end and marks.get("fetched", 0) > self._t_end:
-            self._between = {"data_ms": (marks["fetched"] - self._t_end) * 1e3,
-                             "transfer_ms": (marks["transferred"] - marks["fetched"]) * 1e3,
-                             "prologue_ms": (time.perf_counter() - marks["transferred"]) * 1e3}
+        between = self._t_end and marks.get("fetched", 0) > self._t_end
         gc_ms = self._gc.take()  # collections since the last step started: in its loop period
         if self._ended is not None:
             self._ended["gc_ms"] = gc_ms
         if probe_ms:  # summary.json: each probe's hold (it must exceed the step's issue time, or busy reads as step)
             self.summary.header["probe_hold_ms"].append(round(probe_ms, 3))
         on = kind in ("timed", "warmup")  # the instruments: op regions (--timing) and the ledger
-        timer.start_step(regions=on, probe_ms=probe_ms, comm=on)
-        self._host0[batch_idx] = time.perf_counter()
+        # the step's start, as the timer stamps it: the loop's period and its parts share their ends (nothing between)
+        host0 = self._host0[batch_idx] = timer.start_step(regions=on, probe_ms=probe_ms, comm=on)
+        self._between = {"data_ms": (marks["fetched"] - self._t_end) * 1e3,
+                         "transfer_ms": (marks["transferred"] - marks["fetched"]) * 1e3,
+                         "prologue_ms": (host0 - marks["transferred"]) * 1e3} if between else {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = self._ended = pl_module.timer.end_step(outputs["loss"]) | self._between

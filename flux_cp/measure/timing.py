@@ -259,10 +259,10 @@ class StepTimer:
         self._calls.append(call)
         return call
 
-    def start_step(self, regions: bool = True, probe_ms: float = 0.0, comm: bool = True):
-        """Open a step. regions: time the op regions in it. comm: the ledger (if any) records its collectives.
-        probe_ms > 0 (CUDA): hold the stream that long before the step's first boundary, so the host runs ahead and
-        the step shows busy time."""
+    def start_step(self, regions: bool = True, probe_ms: float = 0.0, comm: bool = True) -> float:
+        """Open a step; returns its start on the host clock (perf_counter). regions: time the op regions in it. comm:
+        the ledger (if any) records its collectives. probe_ms > 0 (CUDA): hold the stream that long before the step's
+        first boundary, so the host runs ahead and the step shows busy time."""
         self.clock = self._free.pop() if self._free else _Clock(self.cuda)
         self.clock.reset()
         self._calls = []
@@ -274,6 +274,7 @@ class StepTimer:
         self._comm_on = self.ledger is not None and comm
         if self._comm_on:
             self.ledger.start(self.clock)
+        return host0
 
     def mark(self, phase: str) -> None:
         """A phase boundary of the step (forward_end, backward_end): where asynchronous collectives are consumed."""
