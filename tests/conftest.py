@@ -26,6 +26,12 @@ _servers_lock = threading.Lock()
 _server_slots = threading.BoundedSemaphore(2)
 
 
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def bench(*args, timeout=300, env=None):
     """Run train_bench.py as a user would: a process of its own (Lightning launches the ranks), forked from a process
     that has done the imports where the run's environment allows (tests/forkserver.py), else started cold."""
@@ -34,7 +40,9 @@ def bench(*args, timeout=300, env=None):
     e = {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_SILENT": "true", **(env or {})}
     e.pop("LOCAL_RANK", None)
     argv = [str(SCRIPT), *map(str, args)]
-    if os.environ.get("FLUX_CP_COLD_RUNS") == "1" or not ForkServer.warm_enough(e):  # =1: never forked
+    # =1: never forked; nor where CUDA is visible (the GPU tests: a fork of a process whose imports touched CUDA
+    # cannot use it, H100 2026-12-07)
+    if os.environ.get("FLUX_CP_COLD_RUNS") == "1" or _cuda_visible() or not ForkServer.warm_enough(e):
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=e,
                               cwd=ROOT)
     with _server_slots:

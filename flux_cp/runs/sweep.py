@@ -247,8 +247,12 @@ class Runner:
         # fake group it traced): on an H200 whole-model graph runs after other compiled runs failed in tracing.
         torch.compiler.reset()
         gc.collect()
+        lost = False
         if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except RuntimeError:  # a sticky error (an illegal memory access, H100 2026-12-07): every later call fails
+                lost = True
         summary = read_summary(run.output)
         status = classify(rc, summary, False)
         error = None if status == "ok" else _error_line(summary, run.output / "train_bench.log")
@@ -259,7 +263,7 @@ class Runner:
             error = self.interrupted_line()
         self._ended(rec, status=status, finished=_when(time.time()), duration_s=round(time.monotonic() - t0, 2),
                     error=error, exit_code=rc)
-        if status != "ok" and CUDA_STATE_LOST.search(rec["error"] or ""):
+        if status != "ok" and (lost or CUDA_STATE_LOST.search(rec["error"] or "")):
             self.in_process = None
             self._log(f"sweep: {run.name} left this process's CUDA state unusable: the remaining runs each in their "
                       "own process")
