@@ -1,4 +1,6 @@
 import atexit
+import contextlib
+import fcntl
 import os
 import socket
 import subprocess
@@ -32,9 +34,37 @@ def _cuda_visible() -> bool:
     return torch.cuda.is_available()
 
 
+# Runs of 3 or more ranks take the 2 cores alone: their ranks hand each collective between threads and processes
+# (gloo), so sharing the cores with the other test worker's runs made them 6-10x slower (a dp x tp run of 4 ranks: 7 s
+# alone, 59-75 s beside the other worker; two workers' sum of test time 868 s, one worker's 447 s). The other runs
+# share the cores (a shared lock on a file every test worker opens).
+_CORES_LOCK = Path(os.environ.get("TMPDIR", "/tmp")) / f"flux-cp-tests-{os.getuid()}.lock"
+
+
+@contextlib.contextmanager
+def _cores(ranks: int):
+    fd = os.open(_CORES_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if ranks >= 3 else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
+def _ranks(args) -> int:
+    args = list(map(str, args))
+    return int(args[args.index("--devices") + 1]) if "--devices" in args[:-1] and \
+        args[args.index("--devices") + 1].isdigit() else 1
+
+
 def bench(*args, timeout=300, env=None):
     """Run train_bench.py as a user would: a process of its own (Lightning launches the ranks), forked from a process
     that has done the imports where the run's environment allows (tests/forkserver.py), else started cold."""
+    with _cores(_ranks(args)):
+        return _bench(*args, timeout=timeout, env=env)
+
+
+def _bench(*args, timeout=300, env=None):
     from tests.forkserver import ForkServer
 
     e = {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_SILENT": "true", **(env or {})}
