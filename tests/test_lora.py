@@ -224,3 +224,16 @@ def test_fp8_converts_the_large_token_gemms_of_the_same_table():
     assert len(names) == 8 * 19 + 3 * 38 and not any("norm" in n or "embed" in n for n in names)
     with torch.device("meta"):
         assert fp8_targets(FluxDiT(parse_config(["--config", str(TINY)], cuda_available=False).model)) == []
+
+
+@pytest.mark.parametrize("args,backend", [
+    (("--lora-rank", 8, "--precision", "bf16-true"), "flash"),  # torch's pick (cuDNN) failed under LoRA: flash
+    (("--lora-rank", 8, "--precision", "bf16-true", "--sdpa-backend", "cudnn"), "cudnn"),  # named: as named
+    (("--precision", "bf16-true"), "auto"),  # full fine-tuning: torch's pick
+    (("--lora-rank", 8, "--precision", "32-true", "--sdpa-backend", "efficient"), "efficient"),
+])
+def test_lora_on_a_gpu_pins_flash_where_torch_would_pick(args, backend):
+    from flux_cp.checks import resolve
+
+    cfg = parse_config(["--config", str(TINY), "--accelerator", "gpu", *map(str, args)], cuda_available=True)
+    assert resolve(cfg, cuda_available=True, gpu_count=1).run.sdpa_backend == backend
