@@ -238,6 +238,18 @@ def run_setting(run: dict, name: str):
     return BEFORE_SETTING.get(name, RunConfig.__dataclass_fields__[name].default)
 
 
+def config_from_summary(cfg: dict) -> BenchConfig:
+    """A summary.json's `config` back as a BenchConfig: keys that are no longer settings dropped, run settings added
+    since at the value the run had (BEFORE_SETTING, else the default)."""
+    def known(klass, d: dict) -> dict:
+        names = {f.name for f in dataclasses.fields(klass)}
+        return {k: v for k, v in d.items() if k in names}
+
+    run = known(RunConfig, cfg["run"]) | {k: v for k, v in BEFORE_SETTING.items() if k not in cfg["run"]}
+    return BenchConfig(model=ModelConfig(**known(ModelConfig, cfg["model"])),
+                       data=DataConfig(**known(DataConfig, cfg["data"])), run=RunConfig(**run))
+
+
 # --help groups of the run settings (fields not named here: "Run")
 RUN_GROUPS = {
     "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "zero2_gather",

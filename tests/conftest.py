@@ -1,6 +1,7 @@
 import atexit
 import contextlib
 import fcntl
+import functools
 import os
 import socket
 import subprocess
@@ -28,6 +29,7 @@ _servers_lock = threading.Lock()
 _server_slots = threading.BoundedSemaphore(2)
 
 
+@functools.cache
 def _cuda_visible() -> bool:
     import torch
 
@@ -52,9 +54,10 @@ def _cores(ranks: int):
 
 
 def _ranks(args) -> int:
+    """--devices N of a run's arguments (1 without; the last one given wins, as on the command line)."""
     args = list(map(str, args))
-    return int(args[args.index("--devices") + 1]) if "--devices" in args[:-1] and \
-        args[args.index("--devices") + 1].isdigit() else 1
+    given = [v for k, v in zip(args, args[1:]) if k == "--devices" and v.isdigit()]
+    return int(given[-1]) if given else 1
 
 
 def bench(*args, timeout=300, env=None):

@@ -426,3 +426,17 @@ def test_help_speaks_a_users_words():
         assert bad not in text, bad
     assert not re.search(r"20\d\d-\d\d-\d\d", text) and not re.search(r"\b\w+/\w+\.py\b", text), text
     assert "--model CONFIG a YAML holding model settings alone" in text
+
+
+def test_a_summarys_config_reads_back_as_the_config():
+    """config_from_summary (tools/memory_check.py): to_dict's output back whole; a key no longer a setting dropped, a
+    setting an older run lacked at the value it ran with."""
+    from flux_cp.config import BEFORE_SETTING, config_from_summary, parse_config
+
+    cfg = parse_config(["--config", str(TINY), "--lora-rank", "4"], cuda_available=False)
+    d = cfg.to_dict()
+    back = config_from_summary(d)
+    assert (back.model, back.data, back.run) == (cfg.model, cfg.data, cfg.run)
+    d["run"]["a_retired_setting"] = 1
+    del d["run"]["ulysses_qkv"]
+    assert config_from_summary(d).run.ulysses_qkv == BEFORE_SETTING["ulysses_qkv"]

@@ -8,7 +8,6 @@ the estimate's error (estimated / measured - 1). The issue's aim: within 10% for
 """
 
 import argparse
-import dataclasses
 import json
 import sys
 import tarfile
@@ -17,20 +16,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from flux_cp.config import BenchConfig, DataConfig, ModelConfig, RunConfig
+from flux_cp.config import config_from_summary
 from flux_cp.plan.plans import Plan, memory_gib
-
-
-def _fields(cls, d: dict) -> dict:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in d.items() if k in names}
 
 
 def estimate(summary: dict) -> float:
     """The planner's estimate for the plan a summary.json ran."""
-    c = summary["config"]
-    cfg = BenchConfig(model=ModelConfig(**_fields(ModelConfig, c["model"])),
-                      data=DataConfig(**_fields(DataConfig, c["data"])), run=RunConfig(**_fields(RunConfig, c["run"])))
+    cfg = config_from_summary(summary["config"])
     run = cfg.run
     world = summary.get("simulate_world") or summary["world_size"]
     plan = Plan(world // run.cp_degree, run.cp_degree, run.cp, run.weights,
