@@ -3,6 +3,7 @@ with their reason, each run as a simulated rank and ranked by the time a global 
 rests on trains as one process."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,23 @@ def test_fp8_is_a_plan_axis():
     cpu = [p for p in enumerate_plans(cfg, seq_len=4608, global_batch=8, world=8, cps=("none",), weights=("fsdp",),
                                       on_gpu=False, fp8=("rowwise",))]
     assert cpu[0].pruned.startswith("--fp8 rowwise: float8 GEMMs need a GPU")
+
+
+def test_compiled_per_block_is_a_build_where_the_step_graph_is_refused():
+    """--builds compiled: per block without the step graph, the build of Flux.1's best plans (FSDP2 keeps a step out
+    of one graph: the graph build of the same plan is left out with the run's own reason); on a CPU only listed."""
+    cfg = parse_config(["--config", str(ROOT / "configs" / "flux1.yaml")], cuda_available=True)
+    plans = {p.build: p for p in enumerate_plans(cfg, seq_len=4608, global_batch=32, world=8, cps=("none",),
+                                                 weights=("fsdp",), memory_gib_limit=80, builds=("compiled", "graph"),
+                                                 checkpointing=("selective",))}
+    assert plans["compiled"].name == "dp8-fsdp-compiled-acselective" and plans["compiled"].pruned is None
+    assert plans["compiled"].settings["compile"] is True and "step_graph" not in plans["compiled"].settings
+    assert "--compile true" in command(plans["compiled"], "configs/flux1.yaml")
+    assert plans["graph"].pruned is not None and "--step-graph" in plans["graph"].pruned
+    r = subprocess.run([sys.executable, "scripts/plan.py", "--config", str(TINY), "--global-batch", "2", "--world",
+                        "2", "--builds", "compiled"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2 and "--builds compiled: compiled builds run on a GPU" in r.stderr
 
 
 def test_the_command_runs_the_plan_on_real_gpus():

@@ -6,8 +6,9 @@ W GPUs on B samples, and why each one left out is left out.
 
 A plan: W = dp x cp (dp data-parallel groups, each of cp ranks sharing its samples' tokens or weights); within a group
 `cp` in none (cp = 1: plain data parallelism, the baseline to beat), torch (ring), allgather-kv, ulysses, tp;
-weights kept in sync by ddp, zero2 (zero2f: its gathers under the next forward) or fsdp; eager, or compiled per
-block with the whole step replayed from one CUDA graph (GPU). Each data-parallel group trains B / dp samples a step.
+weights kept in sync by ddp, zero2 (zero2f: its gathers under the next forward) or fsdp; eager, compiled per block
+(GPU), or compiled per block with the whole step replayed from one CUDA graph (graph; GPU). Each data-parallel
+group trains B / dp samples a step.
 A plan is pruned, with its reason, where the settings are refused (checks.resolve: the same one-line errors a run
 gives) or where its estimated peak memory exceeds the device's even with gradient accumulation: a plan whose B / dp
 samples do not fit runs them as the fewest equal micro-batches that do (--micro-batches k, named -acc<k>; the step
@@ -27,7 +28,8 @@ WEIGHTS = ("ddp", "zero2", "zero2f", "fsdp")
 # both the reduce-scatters and the gathers
 WEIGHT_SETTINGS = {"ddp": {"weights": "ddp"}, "zero2": {"weights": "zero2"},
                    "zero2f": {"weights": "zero2", "zero2_gather": "forward"}, "fsdp": {"weights": "fsdp"}}
-BUILDS = {"eager": {}, "graph": {"compile": True, "step_graph": True}}
+# compiled: per block, no step graph (FSDP2's hooks and torchao's FP8 keep a step out of one graph: Flux.1's best plans)
+BUILDS = {"eager": {}, "compiled": {"compile": True}, "graph": {"compile": True, "step_graph": True}}
 GRAPH_WARMUP = 12  # the step graph captures at the last warm-up step, after compiling (checks._check_step_graph)
 # Activation bytes a token keeps per block for the backward, in units of hidden x the parameter dtype's size: fitted
 # on Flux.1's depth (19 + 38 blocks, 4608 tokens, batch 1, FSDP over 8, bf16: 40.2 GiB peak on an H100, of which the
