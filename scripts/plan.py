@@ -6,6 +6,8 @@ plain data parallelism among them (the baseline to beat).
     python scripts/plan.py ... --dry-run                                     # the plans and why some are left out
     python scripts/plan.py --cells "4608:1:1 4608:8:8 65536:1:8" --output map   # cells S:B:W in one process, + map
     python scripts/plan.py --map runs/plan_map/map       # the decision map of the cells under it: map.md, map.png
+    python scripts/plan.py --config configs/flux1.yaml --cells "4608:32:8" --builds compiled --checkpointing selective \
+        --memory-gib 80 --measured runs/gpu_call --output map   # ranked from runs measured before (suites), no GPU
 
 Each plan runs in this process as rank 0 of its W-rank job over torch's fake process group (the real code with a
 rank's shapes; collectives move nothing and are recorded), then its collectives are priced with --link and placed on
@@ -72,6 +74,9 @@ def parser() -> Parser:
                    help="warm-up steps a plan (graph builds: at least 12)")
     p.add_argument("--output", type=Path, default=None, help="the plan's folder (default: plans/<cell>-<time>, "
                    "git-ignored)")
+    p.add_argument("--measured", type=Path, nargs="+", default=None, metavar="DIR", help="run nothing: each plan "
+                   "from a complete run under these folders (a suite's) whose settings are the plan's; plans no run "
+                   "matches are listed as not measured (e.g. Flux.1's depth, measured by configs/suites/flux1_*)")
     p.add_argument("--dry-run", action="store_true", help="list the plans and why some are left out; run nothing")
     p.add_argument("--map", type=Path, default=None, metavar="DIR", help="run nothing: the decision map of the "
                    "cells' plan.json files under DIR (the best plan, runner-up and plain DP a cell) -> DIR/map.md, "
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from flux_cp.plan.plans import BUILDS, CHECKPOINTING, CP_KINDS, FP8, WEIGHTS, enumerate_plans
 
     console = Console(stderr=True)
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() or a.measured is not None  # measured runs were a GPU's: plans as there
     try:  # every check before anything is written or run: one line, exit 2
         cells = _cells(a.cells) if a.cells is not None else [(a.seq_len, a.global_batch, a.world)]
         builds = tuple(items("--builds", a.builds, tuple(BUILDS)))
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_config(base, cuda_available=cuda)
         check_lora(cfg.run, cfg.model)  # train_bench's own line, here rather than as every plan's pruned reason
         mem = a.memory_gib if a.memory_gib is not None else (
-            torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None)
+            torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None)
         link = load_link("--link", a.link)
         cells = [(S if S is not None else cfg.data.seq_len, B, W) for S, B, W in cells]
         # every cell's plans before any runs: a bad cell is refused before the first plan's minutes go
@@ -127,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                                              on_gpu=cuda))
                    for S, B, W in cells]
         _select(only, planned, a.cells is not None)
-        if not a.dry_run:
+        if a.measured is not None:
+            for d in a.measured:
+                if not d.is_dir():
+                    raise ConfigError(f"--measured {d}: not a folder (give folders holding runs' summary.json)")
+        if not a.dry_run and a.measured is None:
             for S, B, W, plans in planned:
                 _runnable(plans, f"--cells {S}:{B}:{W}" if a.cells is not None else
                           f"--seq-len {S} --global-batch {B} --world {W}")
@@ -217,7 +226,8 @@ def _cell(a, plans, cell: str, W: int, out: Path, base, link, mem, cfg, cuda: bo
     kept = [q for q in plans if q.pruned is None]
     console.rule(cell)
     config = Path(a.config).name if a.config else ("flux_4608.yaml" if cuda else "tiny.yaml")  # --config's default
-    console.print(f"plan {cell}: {len(plans)} plans, {len(kept)} to run ({'GPU' if cuda else 'CPU'}: {config}"
+    console.print(f"plan {cell}: {len(plans)} plans, {len(kept)} to {'look up' if a.measured else 'run'} "
+                  f"({'GPU' if cuda else 'CPU'}: {config}"
                   f"{f', {mem:.0f} GiB a GPU' if mem else ''})", highlight=False)
     reasons: dict[str, list[str]] = {}
     for q in plans:
@@ -230,9 +240,33 @@ def _cell(a, plans, cell: str, W: int, out: Path, base, link, mem, cfg, cuda: bo
         for q in kept:
             print(f"{q.name}: ~{q.memory_gib:.1f} GiB a rank estimated")
         return 0
+    if a.measured is not None:
+        return _finish(plans, left, out, link, mem, cfg, cell, console, _link_measured(a, plans, cfg, out, console))
     sweep = to_sweep(plans, base, out, name=f"plan-{cell}", steps=a.steps + a.warmup_steps)
     rc = _run(sweep, console)
     return _finish(plans, left, out, link, mem, cfg, cell, console) or rc
+
+
+def _link_measured(a, plans, cfg, out: Path, console) -> str:
+    """--measured: each plan a run matches linked as out/<plan> (what rank() reads), the others left out as not
+    measured; the runs' device."""
+    from flux_cp.plan.measured import index_runs, match
+
+    if not hasattr(a, "measured_runs"):
+        a.measured_runs = index_runs(a.measured)
+    found = match(cfg, plans, a.measured_runs)
+    out.mkdir(parents=True, exist_ok=True)
+    for q in plans:
+        if q.pruned is None and q.name not in found:
+            q.pruned = "not measured (no run under --measured has its settings)"
+        elif q.name in found:
+            link = out / q.name
+            if link.is_symlink():
+                link.unlink()
+            link.symlink_to(os.path.relpath(found[q.name]["path"], out), target_is_directory=True)
+    console.print(f"  measured: {len(found)} plans from runs under {', '.join(map(str, a.measured))}",
+                  highlight=False)
+    return ", ".join(sorted({r["device"] or "device not recorded" for r in found.values()})) or "none measured"
 
 
 def _run(sweep, console) -> int:
@@ -254,7 +288,7 @@ def _repo_path(path: str | None) -> str | None:
     return path and os.path.relpath(Path(path).resolve(), ROOT)
 
 
-def _finish(plans, left: dict, out: Path, link, mem, cfg, cell: str, console) -> int:
+def _finish(plans, left: dict, out: Path, link, mem, cfg, cell: str, console, device: str | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
@@ -265,7 +299,7 @@ def _finish(plans, left: dict, out: Path, link, mem, cfg, cell: str, console) ->
     summary = best_against_dp(rows)
     import torch
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    device = device or (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     priced = name_of(link)
     (out / "plan.json").write_text(json.dumps({
         "cell": cell, "device": device, "link": priced, "memory_gib": mem, "plans": rows, "summary": summary,

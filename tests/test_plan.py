@@ -186,6 +186,15 @@ def test_plan_ranks_the_plans_it_ran_by_time_per_global_batch(tmp_path, capsys):
     assert f"{top['plan']}: over memory: measured peak" in " ".join(err.split())
     assert rc == (0 if any(row["status"] == "ran" for row in rows.values()) else 1), err[-2000:]
     assert "Traceback" not in err
+    # --measured: the same plans ranked from these runs, nothing run (a plan no run matches: not measured)
+    rc, out, err = _plan_in_process(capsys, "--config", TINY, "--global-batch", 2, "--world", 2, "--cp",
+                                    "none,allgather-kv", "--weights", "ddp,zero2", "--measured", tmp_path,
+                                    "--output", tmp_path / "again")
+    again = {row["plan"]: row for row in json.loads((tmp_path / "again" / "plan.json").read_text())["plans"]}
+    assert rc == 0 and [again[row["plan"]]["step_ms"] for row in ran] == [row["step_ms"] for row in ran]
+    assert again["dp2-zero2-eager"]["why"].startswith("not measured") and "measured: 2 plans" in err
+    assert all(f.is_symlink() for f in (tmp_path / "again").iterdir() if f.name != "plan.json")  # none run
+    assert (tmp_path / "again" / "dp2-ddp-eager").resolve() == (tmp_path / "dp2-ddp-eager").resolve()
 
 
 def test_plans_within_each_others_noise_are_a_tie():
