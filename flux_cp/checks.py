@@ -73,7 +73,8 @@ def resolve(
     _check_accumulation(run, data)
     _check_fp8(run)
     check_lora(run, model)
-    if run.lora_rank and run.accelerator == "gpu" and run.precision == "bf16-true" and run.sdpa_backend == "auto":
+    if (run.lora_rank and run.accelerator == "gpu" and run.precision == "bf16-true" and run.sdpa_backend == "auto"
+            and run.cp not in ("torch", "allgather-kv")):  # (those pin flash themselves: their `auto` stays the user's)
         # cuDNN's attention, torch's pick, failed under LoRA on torch 2.11 (H100, 2026-12-07: an illegal memory access
         # in Flux.1's first step; cuDNN's mha_graph.execute on 2 + 4 blocks): flash, as the ring pins it
         run.sdpa_backend = "flash"

@@ -230,6 +230,7 @@ def test_fp8_converts_the_large_token_gemms_of_the_same_table():
     (("--lora-rank", 8, "--precision", "bf16-true"), "flash"),  # torch's pick (cuDNN) failed under LoRA: flash
     (("--lora-rank", 8, "--precision", "bf16-true", "--sdpa-backend", "cudnn"), "cudnn"),  # named: as named
     (("--precision", "bf16-true"), "auto"),  # full fine-tuning: torch's pick
+    (("--lora-rank", 8, "--precision", "bf16-true", "--cp", "torch"), "auto"),  # the ring pins flash under auto itself
     (("--lora-rank", 8, "--precision", "32-true", "--sdpa-backend", "efficient"), "efficient"),
 ])
 def test_lora_on_a_gpu_pins_flash_where_torch_would_pick(args, backend):
