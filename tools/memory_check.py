@@ -16,18 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from flux_cp.config import config_from_summary
-from flux_cp.plan.plans import Plan, memory_gib
-
-
-def estimate(summary: dict) -> float:
-    """The planner's estimate for the plan a summary.json ran."""
-    cfg = config_from_summary(summary["config"])
-    run = cfg.run
-    world = summary.get("simulate_world") or summary["world_size"]
-    plan = Plan(world // run.cp_degree, run.cp_degree, run.cp, run.weights,
-                "graph" if run.step_graph else "eager", checkpointing=run.checkpointing, fp8=run.fp8)
-    return memory_gib(cfg, summary["params"], plan)
+from flux_cp.plan.plans import run_memory_gib
 
 
 def _summaries(paths: list[str], tar: str | None):
@@ -55,7 +44,7 @@ def main(argv=None) -> int:
         if peak is None or not d.get("complete"):
             continue
         c = d["config"]
-        est = estimate(d)
+        est = run_memory_gib(d)
         errors.append(est / peak - 1)
         run = c["run"]
         plan = f"{run['weights']} {run['cp']}x{run['cp_degree']} W={d.get('simulate_world') or d['world_size']}"

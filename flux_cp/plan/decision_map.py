@@ -42,11 +42,14 @@ def load_map(root: Path) -> list[dict]:
         ran = [r for r in d["plans"] if r["status"] == "ran"]
         failed = sum(r["status"] not in ("ran", "pruned", "over memory") for r in d["plans"])
         S, B, W = map(int, m.groups())
+        why = [str(r.get("why") or "") for r in d["plans"] if r["status"] == "pruned"]
+        none = (None if ran else "not measured" if any(w.startswith("not measured") for w in why)
+                else "no plan fits a GPU's memory" if any(w.startswith("does not fit") for w in why) else "none ran")
         rows.append({"cell": d["cell"], "S": S, "B": B, "W": W, "device": d.get("device"), "link": d.get("link"),
                      "plans_ran": len(ran), "plans_failed": failed,
                      "best": _brief(s.get("best")), "runner_up": _brief(s.get("runner_up")),
                      "data_parallel": _brief(s.get("data_parallel")), "best_over_dp": s.get("best_over_dp"),
-                     "source": str(f.relative_to(root))})
+                     "none_because": none, "source": str(f.relative_to(root))})
     return sorted(rows, key=lambda r: (r["S"], r["W"], r["B"]))
 
 
@@ -65,7 +68,8 @@ def render_markdown(rows: list[dict]) -> str:
     for r in rows:
         b, dp = r["best"], r["data_parallel"]
         same = dp is not None and b is not None and dp["plan"] == b["plan"]
-        out.append(f"| {r['S']} | {r['B']} | {r['W']} | {'**' if same else ''}{_fmt(b)}{'**' if same else ''} | "
+        best = _fmt(b) if b is not None else f"- ({r['none_because']})" if r.get("none_because") else "-"
+        out.append(f"| {r['S']} | {r['B']} | {r['W']} | {'**' if same else ''}{best}{'**' if same else ''} | "
                    f"{'-' if b is None else format(b['step_ms'], '.4g')} | {_fmt(r['runner_up'])} | "
                    f"{'(best)' if same else _fmt(dp)} | "
                    f"{'-' if r['best_over_dp'] is None else format(r['best_over_dp'], '.2f') + 'x'} |")

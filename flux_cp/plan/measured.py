@@ -14,13 +14,16 @@ from pathlib import Path
 
 from flux_cp.config import BenchConfig, config_from_summary
 from flux_cp.plan.plans import Plan, _check
+from flux_cp.report.regimes import sdpa_setting
 from flux_cp.report.runs import BOOKKEEPING
 
 
 def settings_key(cfg: BenchConfig) -> str:
-    """What makes two runs the same measurement: model, data and every run setting but bookkeeping."""
+    """What makes two runs the same measurement: model, data and every run setting but bookkeeping (the ring's
+    explicit flash is its auto: it pins flash)."""
     d = dataclasses.asdict(cfg)
-    d["run"] = {k: v for k, v in d["run"].items() if k not in BOOKKEEPING}
+    d["run"] = {k: v for k, v in d["run"].items() if k not in BOOKKEEPING} | {"sdpa_backend": sdpa_setting(d["run"])}
+    d["data"] = {k: v for k, v in d["data"].items() if k != "global_batch"}  # batch_size (a group's) and W say it
     return json.dumps({k: v for k, v in d.items() if k in ("model", "data", "run")}, sort_keys=True)
 
 

@@ -42,8 +42,16 @@ ACTIVATION_PER_TOKEN = 19.4
 # tokens, 1-4 samples a rank, 2026-12-07 [P]): selective keeps the GEMMs' and attention's outputs, ~14.5 GiB a sample
 # against none's ~29; full keeps each block's input (~1 unit), and one block's whole activations while it recomputes
 CHECKPOINTED_PER_TOKEN = {"none": ACTIVATION_PER_TOKEN, "selective": 9.5, "full": 1.0}
+# LoRA (H100, 2026-12-07d: Flux.1, rank 64 on attention, 1-2 samples a rank, W = 1-8): a frozen linear keeps no input
+# for a weight gradient (the MLPs' and single blocks' output projections: ~7 units), so none keeps 12.5; selective
+# keeps its matmul outputs whether or not a frozen layer needed them: 13.0, no saving
+LORA_PER_TOKEN = {"none": 12.5, "selective": 13.0, "full": 1.0}
+# FP8 linears without checkpointing (rowwise, B = W = 8): torchao keeps the linears' inputs cast to float8 for the
+# backward, one byte where bf16 keeps two: 14.9 units where bf16 keeps 19.4; with selective, the matmuls' bf16
+# outputs are what is kept, as bf16's (73.1 GiB both at four samples a rank)
+FP8_NONE_PER_TOKEN = 14.9
 CHECKPOINTING = ("none", "selective", "full")
-FP8 = ("none", "tensorwise", "rowwise")  # torchao saves the linears' bf16 inputs: activations as bf16's
+FP8 = ("none", "tensorwise", "rowwise")
 HEADROOM = 0.95  # of the device's memory a plan may fill: the CUDA context and the allocator's fragmentation
 BYTES = {"bf16-true": 2, "32-true": 4, "64-true": 8}
 
@@ -96,7 +104,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     """A rank's estimated peak: weights, gradients and AdamW's two moments as each weights mode keeps them, plus the
     activations of its tokens (a W-way share of each sample under CP, Ulysses and TP) in one micro-batch. LoRA
     (--lora-rank): the frozen base without gradients or moments (FSDP still shards it), the adapters as any weights;
-    activations as full training's (the base's input gradients still need them)."""
+    activations as LoRA's measured units (a frozen linear keeps no input for a weight gradient)."""
     b = BYTES[cfg.run.precision]
     n, W = params, plan.world
     trained, frozen = n, 0
@@ -113,10 +121,15 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         weights = frozen + 2 * b * trained + 2 * b * trained / W  # parameters and gradient buckets whole; 1/W moments
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
         weights = (frozen + 4 * b * trained) / W
+        # --fsdp-reshard-last k: the last k blocks' parameters kept whole from their forward to the backward
+        weights += b * n * (1 - 1 / W) * cfg.run.fsdp_reshard_last / (cfg.model.double_blocks + cfg.model.single_blocks)
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
     tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len  # a micro-batch's, before any split
     per_token = b * cfg.model.hidden * tokens / plan.cp_degree  # bytes of one unit, a rank's tokens
-    acts = CHECKPOINTED_PER_TOKEN[plan.checkpointing] * per_token * blocks
+    units = (LORA_PER_TOKEN if cfg.run.lora_rank else CHECKPOINTED_PER_TOKEN)[plan.checkpointing]
+    if plan.fp8 != "none" and plan.checkpointing == "none":
+        units = FP8_NONE_PER_TOKEN
+    acts = units * per_token * blocks
     if plan.checkpointing == "full":  # the block being recomputed holds its whole activations meanwhile
         acts += ACTIVATION_PER_TOKEN * per_token
     if plan.cp == "tp":  # each column-parallel linear keeps its all-gathered input whole, every token (its weight's
@@ -124,6 +137,19 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         gathered = 2 * cfg.model.double_blocks + cfg.model.single_blocks
         acts += gathered * b * cfg.model.hidden * tokens
     return (weights + acts) / 2**30
+
+
+def run_memory_gib(summary: dict) -> float:
+    """The estimate for the plan a run's summary.json ran (its own settings: tools/memory_check.py, the tests)."""
+    from flux_cp.config import config_from_summary
+
+    cfg = config_from_summary(summary["config"])
+    run = cfg.run
+    world = summary.get("simulate_world") or summary["world_size"]
+    plan = Plan(world // run.cp_degree, run.cp_degree, run.cp, run.weights,
+                "graph" if run.step_graph else "compiled" if run.compile else "eager",
+                checkpointing=run.checkpointing, fp8=run.fp8)
+    return memory_gib(cfg, summary["params"], plan)
 
 
 def count_params(cfg: BenchConfig) -> int:

@@ -120,7 +120,7 @@ def match_key(d: dict) -> str:
     return alt_key(d, with_compile=True)
 
 
-def _sdpa_setting(run: dict) -> str:
+def sdpa_setting(run: dict) -> str:
     """The SDPA setting as the user's configuration reads it: the ring's explicit flash is its auto (it pins flash;
     LoRA runs of 2026-12-07 recorded the pin)."""
     b = run.get("sdpa_backend", "auto")
@@ -132,7 +132,7 @@ def is_user(r: Run) -> bool:
     d, run = r.d, r.d["config"]["run"]
     return (d["mode"] == "train" and r.W >= 2 and d["cp"] == USER_RUN["cp"] and _weights(d) == USER_RUN["weights"]
             and run.get("rotate", "allgather") == USER_RUN["rotate"]
-            and _sdpa_setting(run) == USER_RUN["sdpa_backend"]
+            and sdpa_setting(run) == USER_RUN["sdpa_backend"]
             and str(run.get("precision")).startswith("bf16") and _seq(d) == USER_SEQ
             and not run.get("split_conditioning") and run.get("cp_degree") in (None, r.W))
 
@@ -144,7 +144,7 @@ def is_baseline(r: Run) -> bool:
         return False
     return d["cp"] == "none" or (d["cp"] == USER_RUN["cp"] and run.get("rotate", "allgather") == USER_RUN["rotate"]
                                  and _weights(d) == USER_RUN["weights"]
-                                 and _sdpa_setting(run) == USER_RUN["sdpa_backend"])
+                                 and sdpa_setting(run) == USER_RUN["sdpa_backend"])
 
 
 def kernel_note(base: dict, ring: dict) -> str | None:
