@@ -344,3 +344,29 @@ def test_the_memory_estimate_is_within_10_percent_of_flux1s_measured_peaks():
     cfg = parse_config(["--config", str(ROOT / "configs" / "flux1.yaml")], cuda_available=True)
     (oom,) = enumerate_plans(cfg, seq_len=4608, global_batch=32, world=8, cps=("none",), weights=("fsdp",))
     assert oom.memory_gib > 80  # four samples a rank without checkpointing: out of memory on the H100, as measured
+
+def test_the_flux1_map_is_ranked_from_the_suites_runs(tmp_path, capsys):
+    """plan.py --measured over the H100 runs at Flux.1's depth (docs/results 2026-12-07, 2026-12-07d): each plan takes
+    the run with its settings, nothing runs; one GPU holds no plan of the full fine-tune; at four samples a rank
+    FP8 (tensorwise) is the best plan, plain FSDP data parallelism; one sample of 65536 tokens over Ulysses x 8."""
+    import tarfile
+
+    from flux_cp.plan.decision_map import load_map
+
+    for page in ("2026-12-07-h100-flux1-checkpointing", "2026-12-07d-h100-flux1-depth-lora"):
+        with tarfile.open(ROOT / "docs" / "results" / page / "runs.tar.xz") as tar:
+            tar.extractall(tmp_path / "runs" / page, filter="data")
+    rc, out, err = _plan_in_process(capsys, "--config", ROOT / "configs" / "flux1.yaml", "--cells",
+                                    "4608:1:1 4608:32:8 65536:1:8", "--cp", "none,ulysses", "--weights", "fsdp,ddp",
+                                    "--builds", "eager,compiled", "--checkpointing", "none,selective,full", "--fp8",
+                                    "none,rowwise,tensorwise", "--memory-gib", 80, "--measured", tmp_path / "runs",
+                                    "--output", tmp_path / "map")
+    by = {r["cell"]: r for r in load_map(tmp_path / "map")}
+    assert by["S4608-B1-W1"]["best"] is None and by["S4608-B1-W1"]["none_because"] == "no plan fits a GPU's memory"
+    b = by["S4608-B32-W8"]
+    assert b["best"]["plan"] == b["data_parallel"]["plan"] == "dp8-fsdp-compiled-acselective-fp8tensorwise"
+    assert b["runner_up"]["plan"] == "dp8-fsdp-compiled-acselective-fp8rowwise" and b["device"] == "NVIDIA H100 80GB HBM3"
+    assert b["best"]["tokens_per_s_per_gpu"] == pytest.approx(11846, rel=1e-3)
+    assert by["S65536-B1-W8"]["best"]["plan"] == "dp1xulysses8-fsdp-compiled-acselective"
+    assert "| 4608 | 1 | 1 | - (no plan fits a GPU's memory) |" in (tmp_path / "map" / "map.md").read_text()
+    assert rc == 1 and "measured: 1 plan from runs under" in " ".join(err.split())  # W=1: none ran, so 1
