@@ -264,8 +264,8 @@ def _link_measured(a, plans, cfg, out: Path, console) -> str:
             if link.is_symlink():
                 link.unlink()
             link.symlink_to(os.path.relpath(found[q.name]["path"], out), target_is_directory=True)
-    console.print(f"  measured: {len(found)} plan{'' if len(found) == 1 else 's'} from runs under {', '.join(map(str, a.measured))}",
-                  highlight=False)
+    console.print(f"  measured: {len(found)} plan{'' if len(found) == 1 else 's'} from runs under "
+                  f"{', '.join(map(str, a.measured))}", highlight=False)
     return ", ".join(sorted({r["device"] or "device not recorded" for r in found.values()})) or "none measured"
 
 
