@@ -266,7 +266,7 @@ def _link_measured(a, plans, cfg, out: Path, console) -> str:
             link.symlink_to(os.path.relpath(found[q.name]["path"], out), target_is_directory=True)
     console.print(f"  measured: {len(found)} plan{'' if len(found) == 1 else 's'} from runs under "
                   f"{', '.join(map(str, a.measured))}", highlight=False)
-    return ", ".join(sorted({r["device"] or "device not recorded" for r in found.values()})) or "none measured"
+    return ", ".join(sorted({r["device"] or "device not recorded" for r in found.values()}))  # "": none matched
 
 
 def _run(sweep, console) -> int:
@@ -299,7 +299,8 @@ def _finish(plans, left: dict, out: Path, link, mem, cfg, cell: str, console, de
     summary = best_against_dp(rows)
     import torch
 
-    device = device or (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+    if device is None:  # (--measured: the runs' device, "" where none matched)
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     priced = name_of(link)
     (out / "plan.json").write_text(json.dumps({
         "cell": cell, "device": device, "link": priced, "memory_gib": mem, "plans": rows, "summary": summary,
@@ -363,7 +364,7 @@ def _map(root: Path) -> int:
         return refuse("no <cell>/plan.json under it (run cells first: tools/plan_map.sh)")
     if why := unwritable(root):
         return refuse(why)
-    devices = sorted({r["device"] or "device not recorded" for r in rows})
+    devices = sorted({r["device"] or "device not recorded" for r in rows if r["best"]}) or ["no plan ran"]
     (root / "map.json").write_text(json.dumps(rows, indent=1))
     (root / "map.md").write_text(render_markdown(rows) + "\n")
     draw(rows, root / "map.png", title=f"{', '.join(devices)}; W >= 2: a simulated rank, collectives priced")

@@ -108,7 +108,7 @@ def draw(rows: list[dict], path: Path, title: str = "") -> Path:
     axes[0][0].set_ylabel("tokens/s a GPU")
     axes[0][0].legend(fontsize=7)
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(title, fontsize=9, wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
