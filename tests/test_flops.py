@@ -136,7 +136,7 @@ def test_a_profiled_step_names_where_mfu_is_lost():
 
 
 def test_the_report_names_where_a_profiled_runs_mfu_goes(tmp_path):
-    """The report's MFU section over a real profiled H100 run (docs/results/2026-12-06c, four samples a step): its
+    """The report's MFU section over a real profiled H100 run (docs/archive/2026-12-06c, four samples a step): its
     MFU, each part's share of peak as the summary computed it, and the heaviest kernels by name; a CPU profile (no
     kernels) is left out."""
     import json
@@ -146,7 +146,7 @@ def test_the_report_names_where_a_profiled_runs_mfu_goes(tmp_path):
     from flux_cp.report import build
     from flux_cp.report import write as write_report
 
-    src = Path(__file__).resolve().parents[1] / "docs/results/2026-12-06c-h100-recipes/call3_profile_w1_b4_summary.json"
+    src = Path(__file__).resolve().parents[1] / "docs/archive/2026-12-06c-h100-recipes/call3_profile_w1_b4_summary.json"
     d = json.loads(src.read_text())
     (tmp_path / "gpu").mkdir()
     shutil.copy(src, tmp_path / "gpu" / "summary.json")
