@@ -43,7 +43,8 @@ def load_map(root: Path) -> list[dict]:
         failed = sum(r["status"] not in ("ran", "pruned", "over memory") for r in d["plans"])
         S, B, W = map(int, m.groups())
         why = [str(r.get("why") or "") for r in d["plans"] if r["status"] == "pruned"]
-        none = (None if ran else "not measured" if any(w.startswith("not measured") for w in why)
+        fit = sum(w.startswith("not measured") for w in why)  # plans that fit on paper, none of them run
+        none = (None if ran else f"not measured; {fit} plan{'' if fit == 1 else 's'} fit" if fit
                 else "no plan fits a GPU's memory" if any(w.startswith("does not fit") for w in why) else "none ran")
         rows.append({"cell": d["cell"], "S": S, "B": B, "W": W, "device": d.get("device"), "link": d.get("link"),
                      "plans_ran": len(ran), "plans_failed": failed,

@@ -10,11 +10,13 @@ tar xJf docs/results/2026-12-07-h100-flux1-checkpointing/runs.tar.xz -C "$tmp/ru
 tar xJf $here/runs.tar.xz -C "$tmp/runs/depth_lora"
 py=${PYTHON:-.venv/bin/python}
 $py scripts/plan.py --config configs/flux1.yaml --memory-gib 80 --measured "$tmp/runs" --output "$tmp/flux1" \
-  --cells "4608:1:1 4608:8:8 4608:16:8 4608:32:8 16896:8:8 65536:1:8 98304:1:8" --builds eager,compiled \
+  --cells "4608:1:1 4608:2:2 4608:4:4 4608:16:4 4608:8:8 4608:16:8 4608:32:8 16896:8:8 65536:1:8 98304:1:8" \
+  --builds eager,compiled \
   --checkpointing none,selective,full --fp8 none,rowwise,tensorwise > "$tmp/flux1.log" 2>&1 || true
 $py scripts/plan.py --config configs/flux1_lora.yaml --memory-gib 80 --measured "$tmp/runs/depth_lora/flux1_lora" \
-  --output "$tmp/lora" --cells "4608:1:1 4608:1:2 4608:1:4 4608:1:8 4608:8:8 4608:16:8" \
-  --builds eager,compiled,graph --checkpointing none,selective > "$tmp/lora.log" 2>&1 || true
+  --output "$tmp/lora" --cells "4608:1:1 4608:1:2 4608:1:4 4608:1:8 4608:2:2 4608:4:4 4608:8:8 4608:16:8 4608:32:8
+  16896:1:1 16896:1:8 16896:8:8" \
+  --builds eager,compiled,graph --checkpointing none,selective,full > "$tmp/lora.log" 2>&1 || true
 for m in flux1 lora; do
   mkdir -p $here/map_$m && rm -f $here/map_$m/*
   cp "$tmp/$m"/map.md "$tmp/$m"/map.png "$tmp/$m"/map.json $here/map_$m/
