@@ -356,11 +356,11 @@ def test_the_flux1_map_is_ranked_from_the_suites_runs(tmp_path, capsys):
     for page in ("2026-12-07-h100-flux1-checkpointing", "2026-12-07d-h100-flux1-depth-lora"):
         with tarfile.open(ROOT / "docs" / "results" / page / "runs.tar.xz") as tar:
             tar.extractall(tmp_path / "runs" / page, filter="data")
-    rc, out, err = _plan_in_process(capsys, "--config", ROOT / "configs" / "flux1.yaml", "--cells",
-                                    "4608:1:1 4608:4:4 4608:32:8 65536:1:8", "--cp", "none,ulysses", "--weights", "fsdp,ddp",
-                                    "--builds", "eager,compiled", "--checkpointing", "none,selective,full", "--fp8",
-                                    "none,rowwise,tensorwise", "--memory-gib", 80, "--measured", tmp_path / "runs",
-                                    "--output", tmp_path / "map")
+    rc, out, err = _plan_in_process(
+        capsys, "--config", ROOT / "configs" / "flux1.yaml", "--cells", "4608:1:1 4608:4:4 4608:32:8 65536:1:8",
+        "--cp", "none,ulysses", "--weights", "fsdp,ddp", "--builds", "eager,compiled", "--checkpointing",
+        "none,selective,full", "--fp8", "none,rowwise,tensorwise", "--memory-gib", 80, "--measured", tmp_path / "runs",
+        "--output", tmp_path / "map")
     by = {r["cell"]: r for r in load_map(tmp_path / "map")}
     assert by["S4608-B1-W1"]["best"] is None and by["S4608-B1-W1"]["none_because"] == "no plan fits a GPU's memory"
     assert by["S4608-B4-W4"]["none_because"].startswith("not measured; ")  # plans fit on paper, none ran yet
