@@ -372,3 +372,6 @@ def test_the_flux1_map_is_ranked_from_the_suites_runs(tmp_path, capsys):
     assert by["S65536-B1-W8"]["best"]["plan"] == "dp1xulysses8-fsdp-compiled-acselective"
     assert "| 4608 | 1 | 1 | - (no plan fits a GPU's memory) |" in (tmp_path / "map" / "map.md").read_text()
     assert rc == 1 and "measured: 1 plan from runs under" in " ".join(err.split())  # W=1: none ran, so 1
+    rc, out, err = _plan_in_process(capsys, "--cells", "4608:1:1", "--measured", tmp_path / "nowhere")
+    assert rc == 2 and err.strip() == f"plan.py: error: --measured {tmp_path / 'nowhere'}: not a folder (give " \
+        "folders holding runs' summary.json)"
