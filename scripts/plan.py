@@ -263,6 +263,8 @@ def _link_measured(a, plans, cfg, out: Path, console) -> str:
             link = out / q.name
             if link.is_symlink():
                 link.unlink()
+            elif link.exists():  # a plan this folder ran itself: its own run stands
+                continue
             link.symlink_to(os.path.relpath(found[q.name]["path"], out), target_is_directory=True)
     console.print(f"  measured: {len(found)} plan{'' if len(found) == 1 else 's'} from runs under "
                   f"{', '.join(map(str, a.measured))}", highlight=False)

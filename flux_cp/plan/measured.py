@@ -5,7 +5,7 @@ plan's as the run's checks resolve it, the model and data included; a variant th
 prefetch, --contention, ...) matches no plan.
 
     runs = index_runs([Path("runs/gpu_call/flux1-depth")])     # every complete summary.json under the folders
-    found = match(cfg, plans, runs)                             # {plan name: its run's folder}
+    found = match(cfg, plans, runs)          # {plan name: {"path": its run's folder, "device": ...}}
 """
 
 import dataclasses
