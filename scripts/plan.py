@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             for d in a.measured:
                 if not d.is_dir():
                     raise ConfigError(f"--measured {d}: not a folder (give folders holding runs' summary.json)")
+            from flux_cp.plan.measured import index_runs
+
+            a.measured_runs = index_runs(a.measured)  # read once, matched cell by cell
         if not a.dry_run and a.measured is None:
             for S, B, W, plans in planned:
                 _runnable(plans, f"--cells {S}:{B}:{W}" if a.cells is not None else
@@ -250,10 +253,8 @@ def _cell(a, plans, cell: str, W: int, out: Path, base, link, mem, cfg, cuda: bo
 def _link_measured(a, plans, cfg, out: Path, console) -> str:
     """--measured: each plan a run matches linked as out/<plan> (what rank() reads), the others left out as not
     measured; the runs' device."""
-    from flux_cp.plan.measured import index_runs, match
+    from flux_cp.plan.measured import match
 
-    if not hasattr(a, "measured_runs"):
-        a.measured_runs = index_runs(a.measured)
     found = match(cfg, plans, a.measured_runs)
     out.mkdir(parents=True, exist_ok=True)
     for q in plans:

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from flux_cp.config import BenchConfig, config_from_summary
-from flux_cp.plan.plans import Plan, _check
+from flux_cp.plan.plans import Plan, check_settings
 from flux_cp.report.regimes import sdpa_setting
 from flux_cp.report.runs import BOOKKEEPING
 
@@ -52,7 +52,7 @@ def match(cfg: BenchConfig, plans: list[Plan], runs: dict[str, dict]) -> dict[st
     out = {}
     for p in plans:
         for on_gpu in (True, False):
-            why, resolved = (p.pruned, None) if p.pruned is not None else _check(cfg, p.settings, on_gpu=on_gpu)
+            why, resolved = (p.pruned, None) if p.pruned is not None else check_settings(cfg, p.settings, on_gpu=on_gpu)
             if why is None and (run := runs.get(settings_key(resolved))):
                 out[p.name] = run
                 break

@@ -107,6 +107,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     activations as LoRA's measured units (a frozen linear keeps no input for a weight gradient)."""
     b = BYTES[cfg.run.precision]
     n, W = params, plan.world
+    blocks = cfg.model.double_blocks + cfg.model.single_blocks
     trained, frozen = n, 0
     if cfg.run.lora_rank:
         from flux_cp.lora import adapter_params
@@ -122,8 +123,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
         weights = (frozen + 4 * b * trained) / W
         # --fsdp-reshard-last k: the last k blocks' parameters kept whole from their forward to the backward
-        weights += b * n * (1 - 1 / W) * cfg.run.fsdp_reshard_last / (cfg.model.double_blocks + cfg.model.single_blocks)
-    blocks = cfg.model.double_blocks + cfg.model.single_blocks
+        weights += b * n * (1 - 1 / W) * cfg.run.fsdp_reshard_last / blocks
     tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len  # a micro-batch's, before any split
     per_token = b * cfg.model.hidden * tokens / plan.cp_degree  # bytes of one unit, a rank's tokens
     units = (LORA_PER_TOKEN if cfg.run.lora_rank else CHECKPOINTED_PER_TOKEN)[plan.checkpointing]
@@ -187,7 +187,7 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
                         p.settings["fp8"] = f8
                     if build == "graph":
                         p.settings["warmup_steps"] = max(GRAPH_WARMUP, cfg.run.warmup_steps)
-                    p.pruned, resolved = _check(cfg, p.settings, on_gpu)
+                    p.pruned, resolved = check_settings(cfg, p.settings, on_gpu)
                     if p.pruned is None:
                         p.memory_gib = memory_gib(resolved, params, p)
                         if memory_gib_limit is not None and p.memory_gib > HEADROOM * memory_gib_limit:
@@ -214,7 +214,7 @@ def _accumulate(cfg: BenchConfig, p: Plan, params: int, batch: int, limit: float
     accumulates), else pruned with its estimate."""
     for k in _divisors(batch)[1:]:
         settings = {**p.settings, "micro_batches": k}
-        why, resolved = _check(cfg, settings, on_gpu)
+        why, resolved = check_settings(cfg, settings, on_gpu)
         if why is not None:  # the step graph takes no accumulation
             break
         if (gib := memory_gib(resolved, params, p)) <= limit:
@@ -226,7 +226,7 @@ def _accumulate(cfg: BenchConfig, p: Plan, params: int, batch: int, limit: float
         p.pruned += " (in micro-batches too)" if why is None else " (the step graph takes no gradient accumulation)"
 
 
-def _check(cfg: BenchConfig, settings: dict, on_gpu: bool) -> tuple[str | None, BenchConfig | None]:
+def check_settings(cfg: BenchConfig, settings: dict, on_gpu: bool) -> tuple[str | None, BenchConfig | None]:
     """The run's own checks: (None, resolved config) or (the one-line reason it is refused, None)."""
     c = copy.deepcopy(cfg)
     for key, value in settings.items():
