@@ -99,12 +99,13 @@ def test_a_slower_inter_node_link_never_makes_a_step_faster(fsdp8, blocking):
     runs = [json.loads((fsdp8 / "summary.json").read_text()), _hand(rs_bytes=2e9, issue=60.0, blocking=blocking)]
     for d in runs:
         steps = []
-        for k in (0.5, 1, 2, 4, 16, 256):
+        for k in (0.5, 1, 2, 4, 16, 256, 1e6):
             plans = hsdp.plan(d, d["comm"]["ledger"], hsdp.TwoTier(TIERS.intra, _slower(TIERS.inter, k)), (2, 8))
             steps.append([(p.hsdp.step_ms, p.fsdp.step_ms) for p in plans])
         for a, b in zip(steps, steps[1:]):
             assert all(x2 >= x1 for p1, p2 in zip(a, b) for x1, x2 in zip(p1, p2)), steps
-        assert steps[-1][0][0] > steps[0][0][0]  # at 256x slower even the hidden all-reduces show
+        # a million times slower, even the all-reduces hidden under a slow CPU's backward (CI: 766 ms steps) show
+        assert steps[-1][0][0] > steps[0][0][0]
 
 
 def _tool():
