@@ -234,8 +234,8 @@ def _check_fp8(run: RunConfig) -> None:
 
 def check_installed(run: RunConfig) -> None:
     """What this machine must have for the run (apart from the settings' own checks in resolve, which a sweep also
-    runs for the device a suite is meant for): torchao for --fp8."""
-    if run.fp8 != "none" and importlib.util.find_spec("torchao") is None:
+    runs for the device a suite is meant for): torchao for --fp8 where weights train."""
+    if run.fp8 != "none" and not run.lora_rank and importlib.util.find_spec("torchao") is None:  # LoRA: our own
         raise ConfigError(f"--fp8 {run.fp8}: torchao's float8 training is not installed (pip install -e '.[fp8]')")
 
 
@@ -258,9 +258,9 @@ def check_lora(run: RunConfig, model: ModelConfig) -> None:
     if run.cp == "tp":
         raise ConfigError("--lora-rank with --cp tp: the adapters would have to be sharded with their base layer, "
                           "which this tool's TP does not do (use --cp ulysses, torch, allgather-kv or none)")
-    if run.fp8 != "none":
-        raise ConfigError(f"--lora-rank with --fp8 {run.fp8}: float8 base layers under adapters are not built (drop "
-                          "one of them)")
+    if run.fp8 != "none" and run.weights == "fsdp":
+        raise ConfigError(f"--lora-rank with --fp8 {run.fp8} under --weights fsdp: the frozen base is cast to float8 "
+                          "once and kept whole on each rank, where FSDP2 shards it (use --weights ddp, zero or zero2)")
     if run.ulysses_overlap and any(lin.name.endswith("proj_out") for lin in adapted):
         raise ConfigError("--ulysses-overlap with an adapter on proj_out: the overlap splits proj_out's weight "
                           "itself and would skip the adapter (drop proj_out from --lora-targets, or the overlap)")

@@ -104,7 +104,8 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     """A rank's estimated peak: weights, gradients and AdamW's two moments as each weights mode keeps them, plus the
     activations of its tokens (a W-way share of each sample under CP, Ulysses and TP) in one micro-batch. LoRA
     (--lora-rank): the frozen base without gradients or moments (FSDP still shards it), the adapters as any weights;
-    activations as LoRA's measured units (a frozen linear keeps no input for a weight gradient)."""
+    activations as LoRA's measured units (a frozen linear keeps no input for a weight gradient); --fp8 under LoRA
+    adds the base's float8 copies."""
     b = BYTES[cfg.run.precision]
     n, W = params, plan.world
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
@@ -114,6 +115,10 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
 
         trained = adapter_params(cfg.model, cfg.run.lora_targets, cfg.run.lora_rank)
         frozen = b * n
+        if plan.fp8 != "none":  # the frozen base's float8 copies, W and W^T, a byte each (flux_cp/train/fp8.py)
+            from flux_cp.train.fp8 import fp8_linears
+
+            frozen += 2 * sum(lin.fan_in * lin.fan_out for lin in fp8_linears(cfg.model))
     if plan.cp == "tp":  # weights, gradients and state sharded by the group, DDP buckets over the few replicated
         weights = 4 * b * n / plan.cp_degree
     elif plan.weights == "ddp":
@@ -127,7 +132,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len  # a micro-batch's, before any split
     per_token = b * cfg.model.hidden * tokens / plan.cp_degree  # bytes of one unit, a rank's tokens
     units = (LORA_PER_TOKEN if cfg.run.lora_rank else CHECKPOINTED_PER_TOKEN)[plan.checkpointing]
-    if plan.fp8 != "none" and plan.checkpointing == "none":
+    if plan.fp8 != "none" and plan.checkpointing == "none" and not cfg.run.lora_rank:  # a frozen one keeps none
         units = FP8_NONE_PER_TOKEN
     acts = units * per_token * blocks
     if plan.checkpointing == "full":  # the block being recomputed holds its whole activations meanwhile

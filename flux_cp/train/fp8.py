@@ -11,27 +11,132 @@ weights, their gradients and AdamW's state stay in the run's bf16. Only the GEMM
                 the embedders and the output projection (K or N = 64), and any linear with K or N < 1024 or not a
                 multiple of 16 (FP8 GEMMs need 16-aligned dims; torchtitan's filter skips small ones likewise)
 
+Under LoRA (--lora-rank) the same linears are frozen, so torchao's Float8Linear would waste a third of their FLOPs
+(it computes the weight's gradient whether or not it is wanted) and recast the unchanging weight every step. There
+they become FrozenFloat8Linear: the weight cast to float8 once, when the step is built in the run's precision
+(cache_frozen_fp8), the forward and the input's gradient on the FP8 tensor cores, no weight gradient, no input kept
+for the backward. Its scaling follows torchao's recipe of the same name (tensorwise: e4m3 inputs and weights, e5m2
+gradients, one scale a tensor; rowwise: e4m3, a scale a row, rounded down to a power of 2).
+
 MFU stays in model FLOPs against the device's bf16 dense peak (summary.json `fp8` says so): FP8 shows in tokens/s.
 """
 
-from flux_cp.linears import block_linears
+import torch
+from torch import nn
+
+from flux_cp.config import ModelConfig
+from flux_cp.linears import BlockLinear, block_linears
 
 MIN_DIM = 1024  # K and N below this: the float8 casts cost more than the faster GEMM saves
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+EPS = 1e-12  # torchao's floor on amax: an all-zero tensor casts to zeros, not NaN
 
 
-def fp8_targets(model) -> list[str]:
-    """Qualified names of the linears --fp8 converts: the blocks' token GEMMs (flux_cp/linears.py) whose K and N are
-    >= MIN_DIM and 16-aligned."""
-    return [lin.name for lin in block_linears(model.cfg)
+def fp8_linears(m: ModelConfig) -> list[BlockLinear]:
+    """The linears --fp8 converts in a model of config m: the blocks' token GEMMs (flux_cp/linears.py) whose K and N
+    are >= MIN_DIM and 16-aligned (the planner counts their weights' float8 copies under LoRA)."""
+    return [lin for lin in block_linears(m)
             if min(lin.fan_in, lin.fan_out) >= MIN_DIM and lin.fan_in % 16 == 0 and lin.fan_out % 16 == 0]
 
 
+def fp8_targets(model) -> list[str]:
+    """Qualified names of fp8_linears(model.cfg)."""
+    return [lin.name for lin in fp8_linears(model.cfg)]
+
+
 def apply_fp8(model, recipe: str) -> None:
-    """Convert fp8_targets(model) to torchao's Float8Linear with `recipe`'s scaling."""
+    """Convert fp8_targets(model) to float8 with `recipe`'s scaling: torchao's Float8Linear where the weight trains,
+    FrozenFloat8Linear where it is frozen (a LoRA base, wrapped by flux_cp/train/lora.py: apply_lora runs first)."""
     if recipe == "none":
         return
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
     targets = set(fp8_targets(model))
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
-                               module_filter_fn=lambda m, fqn: fqn in targets)
+    frozen = {}
+    for name in targets:
+        module = model.get_submodule(name)
+        base = getattr(module, "base_layer", module)  # an adapted linear's frozen base
+        if not base.weight.requires_grad:
+            frozen[name if base is module else name + ".base_layer"] = base
+    for name, base in frozen.items():
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, FrozenFloat8Linear.from_linear(base, recipe))
+    trained = targets - {n.removesuffix(".base_layer") for n in frozen}
+    if trained:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                                   module_filter_fn=lambda m, fqn: fqn in trained)
+
+
+def cache_frozen_fp8(model) -> int:
+    """Cast every FrozenFloat8Linear's weight to float8 as it is now (the run's precision, on its device); returns how
+    many. FluxStep calls it once the harness has cast and placed the model."""
+    frozen = [m for m in model.modules() if isinstance(m, FrozenFloat8Linear)]
+    for m in frozen:
+        m.cache()
+    return len(frozen)
+
+
+def to_float8(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) cast to float8 with one scale (tensorwise) or one a row (rowwise, a power of 2, as torchao's rowwise
+    recipe); returns (x8, inverse scale: (1,) or (M, 1), fp32), so that x ~= x8 * inverse."""
+    amax = (x.abs().amax(dim=-1, keepdim=True) if rowwise else x.abs().amax()).float().clamp(min=EPS)
+    scale = torch.finfo(dtype).max / amax
+    if rowwise:
+        scale = torch.exp2(torch.floor(torch.log2(scale)))
+    x8 = (x.float() * scale).clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max).to(dtype)
+    return x8, scale.reciprocal().reshape(-1, 1) if rowwise else scale.reciprocal()
+
+
+class _FrozenFloat8Matmul(torch.autograd.Function):
+    """y = x W^T on float8 tensor cores, W frozen and cast already: the backward gives x's gradient alone."""
+
+    @staticmethod
+    def forward(ctx, x, w8, w_inv, w8t, wt_inv, rowwise):
+        ctx.save_for_backward(w8t, wt_inv)  # the cached weight only: no activation kept
+        ctx.rowwise = rowwise
+        x2 = x.reshape(-1, x.shape[-1])  # (M, K)
+        x8, x_inv = to_float8(x2, E4M3, rowwise)
+        y = torch._scaled_mm(x8, w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype)  # (M, N)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        w8t, wt_inv = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])  # (M, N)
+        g8, g_inv = to_float8(g2, E4M3 if ctx.rowwise else E5M2, ctx.rowwise)
+        dx = torch._scaled_mm(g8, w8t.t(), scale_a=g_inv, scale_b=wt_inv, out_dtype=grad.dtype)  # (M, K)
+        return dx.reshape(*grad.shape[:-1], dx.shape[-1]), None, None, None, None, None
+
+
+class FrozenFloat8Linear(nn.Linear):
+    """A frozen nn.Linear (same parameters, same names) whose GEMMs run in float8 on a weight cast once (cache())."""
+
+    @classmethod
+    def from_linear(cls, base: nn.Linear, recipe: str) -> "FrozenFloat8Linear":
+        with torch.device("meta"):
+            new = cls(base.in_features, base.out_features, bias=base.bias is not None)
+        new.weight, new.bias, new.recipe = base.weight, base.bias, recipe
+        new.w8 = new.w_inv = new.w8t = new.wt_inv = None
+        return new
+
+    def cache(self) -> None:
+        """The weight as float8, twice: W (N, K) with a scale per output row (rowwise) for the forward, and W^T (K, N)
+        with a scale per input column for the input's gradient (the GEMM scales mat2 by column); tensorwise: one scale.
+        Plain attributes, not buffers: no .to(dtype) recasts them, no DDP broadcasts them."""
+        if self.weight.requires_grad:
+            raise RuntimeError(f"FrozenFloat8Linear caches its weight once: it must be frozen ({self.extra_repr()})")
+        rowwise = self.recipe == "rowwise"
+        w = self.weight.detach()
+        self.w8, w_inv = to_float8(w, E4M3, rowwise)  # (N, K), inverse (N, 1) or (1,)
+        self.w_inv = w_inv.reshape(1, -1) if rowwise else w_inv  # (1, N): the scale of mat2 = W^T's columns
+        self.w8t, wt_inv = to_float8(w.t().contiguous(), E4M3, rowwise)  # (K, N), inverse (K, 1) or (1,)
+        self.wt_inv = wt_inv.reshape(1, -1) if rowwise else wt_inv  # (1, K)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w8 is None:
+            raise RuntimeError("FrozenFloat8Linear: its float8 weight is not cached (flux_cp.train.fp8.cache_frozen_fp8)")
+        y = _FrozenFloat8Matmul.apply(x, self.w8, self.w_inv, self.w8t, self.wt_inv, self.recipe == "rowwise")
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", fp8={self.recipe}, frozen"

@@ -28,7 +28,7 @@ from flux_cp.parallel.registry import make_strategy
 from flux_cp.parallel.tp import apply_tp, dp_sync_off, rope_tables
 from flux_cp.parallel.ulysses_overlap import overlap_single_blocks
 from flux_cp.train.checkpointing import apply_checkpointing
-from flux_cp.train.fp8 import apply_fp8
+from flux_cp.train.fp8 import apply_fp8, cache_frozen_fp8
 from flux_cp.train.lora import apply_lora
 from flux_cp.train.step_graph import StepGraph
 
@@ -48,8 +48,8 @@ def build_model(cfg: BenchConfig) -> FluxDiT:
     torch.manual_seed(cfg.data.seed)
     with torch.device(init_device(cfg.run.accelerator)):
         model = FluxDiT(cfg.model)
-    apply_fp8(model, cfg.run.fp8)  # before any sharding: FSDP2 and DDP wrap the converted linears
-    apply_lora(model, cfg.run)  # likewise: the strategies see the frozen base and its adapters
+    apply_lora(model, cfg.run)  # before any sharding: the strategies see the frozen base and its adapters
+    apply_fp8(model, cfg.run.fp8)  # likewise (FSDP2 and DDP wrap the converted linears); a LoRA base's, frozen
     return model
 
 
@@ -107,6 +107,7 @@ class FluxStep:
             overlap_single_blocks(model, self.strategy)
         if run.split_conditioning:
             split_conditioning(model, self.strategy)
+        cache_frozen_fp8(model)  # --fp8 under LoRA: the frozen base cast once, now that it is in the run's precision
         # below compile (dynamo traces the checkpoint), above the strategies' processors (recomputed with the block)
         self.checkpointed = apply_checkpointing(model, run.checkpointing, run.checkpoint_fraction)
         if run.compile:

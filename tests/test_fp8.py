@@ -1,0 +1,138 @@
+"""FP8 under LoRA (--fp8 with --lora-rank; flux_cp/train/fp8.py's FrozenFloat8Linear): the frozen base's GEMMs in
+float8 on a weight cast once. torch's _scaled_mm runs on a CPU, so its numerics are checked here: the forward and the
+input's gradient equal the same GEMMs on the dequantized float8 operands (fp32: exactly), a bf16 LoRA model with it
+trains its adapters near the bf16 one and leaves the base bit-equal. A run with --fp8 stays refused on a CPU
+(tests/test_bad_input.py); its loss against bf16 over 50 steps on a GPU is tests/test_gpu_depth.py's."""
+
+import pytest
+import torch
+
+from flux_cp.config import parse_config
+
+from .conftest import TINY
+
+# Tiny's structure at hidden 1024 (16 heads x 64), one block of each kind: every block linear is an FP8 target
+WIDE = ("--model.num_heads", "16", "--model.head_dim", "64", "--model.rope_axes", "[16, 24, 24]",
+        "--model.double_blocks", "1", "--model.single_blocks", "1", "--precision", "bf16-true")
+
+
+def _frozen(recipe, dtype, bias=True):
+    from flux_cp.train.fp8 import FrozenFloat8Linear
+
+    torch.manual_seed(0)
+    base = torch.nn.Linear(1024, 2048, bias=bias).to(dtype).requires_grad_(False)
+    m = FrozenFloat8Linear.from_linear(base, recipe)
+    m.cache()
+    return base, m
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_frozen_fp8_linear_is_the_gemm_of_its_float8_operands(recipe):
+    """fp32 activations: y and dx equal fp32 GEMMs of the dequantized float8 tensors (the same casts, torchao's
+    dtypes: e4m3, gradients e5m2 under tensorwise); the base weight has no gradient; y is the bf16-free linear's
+    within float8's rounding (~4%)."""
+    from flux_cp.train.fp8 import E4M3, E5M2, to_float8
+
+    base, m = _frozen(recipe, torch.float32)
+    rowwise = recipe == "rowwise"
+    x = torch.randn(3, 50, 1024, requires_grad=True)
+    y = m(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    x8, x_inv = to_float8(x.detach().reshape(-1, 1024), E4M3, rowwise)
+    w = m.w8.float() * m.w_inv.reshape(-1, 1)  # (N, K)
+    ref = (x8.float() * x_inv) @ w.t() + base.bias
+    torch.testing.assert_close(y.reshape(-1, 2048), ref, rtol=1e-6, atol=1e-5)
+    g8, g_inv = to_float8(g.reshape(-1, 2048), E4M3 if rowwise else E5M2, rowwise)
+    wt = m.w8t.float() * m.wt_inv.reshape(-1, 1)  # (K, N)
+    torch.testing.assert_close(x.grad.reshape(-1, 1024), (g8.float() * g_inv) @ wt.t(), rtol=1e-6, atol=1e-5)
+    assert base.weight.grad is None and m.weight is base.weight
+    exact = x.detach() @ base.weight.t() + base.bias
+    assert 0 < ((y - exact).norm() / exact.norm()).item() < 0.06
+    if rowwise:  # a power-of-2 scale a row, as torchao's rowwise recipe
+        assert m.w_inv.shape == (1, 2048) and m.wt_inv.shape == (1, 1024)
+        assert torch.equal(m.w_inv, torch.exp2(torch.round(torch.log2(m.w_inv))))
+
+
+def test_frozen_fp8_linear_needs_its_weight_frozen_and_cached():
+    from flux_cp.train.fp8 import FrozenFloat8Linear
+
+    trained = FrozenFloat8Linear.from_linear(torch.nn.Linear(1024, 1024), "tensorwise")
+    with pytest.raises(RuntimeError, match="must be frozen"):
+        trained.cache()
+    uncached = FrozenFloat8Linear.from_linear(torch.nn.Linear(1024, 1024).requires_grad_(False), "tensorwise")
+    with pytest.raises(RuntimeError, match="not cached"):
+        uncached(torch.randn(4, 1024))
+
+
+def _lora_model(fp8: str):
+    """The resolved CPU config of a LoRA run, --fp8 set past the check that refuses it on a CPU, and its model."""
+    from flux_cp.checks import resolve
+    from flux_cp.train.step import build_model
+
+    cfg = resolve(parse_config(["--config", str(TINY), *WIDE, "--lora-rank", "8", "--lora-targets", "attention"],
+                               cuda_available=False), cuda_available=False, gpu_count=0)
+    cfg.run.fp8 = fp8
+    return cfg, build_model(cfg).to(torch.bfloat16)
+
+
+def test_lora_fp8_converts_every_frozen_target_and_keeps_the_names():
+    """Every FP8 target is a FrozenFloat8Linear: the adapted ones under their adapters (base_layer), the others in
+    place; the adapters, the modulations and the embedders stay bf16 linears; the parameters are the same tensors
+    by the same names as LoRA without FP8 (a checkpoint loads either way); no torchao is needed."""
+    from flux_cp.train.fp8 import FrozenFloat8Linear, cache_frozen_fp8, fp8_targets
+
+    _, plain = _lora_model("none")
+    _, m = _lora_model("tensorwise")
+    frozen = {n for n, mod in m.named_modules() if isinstance(mod, FrozenFloat8Linear)}
+    targets = fp8_targets(m)
+    assert len(targets) == 8 + 3  # fused q/k/v: 8 a double block, 3 a single one
+    adapted = {n for n, mod in m.named_modules() if hasattr(mod, "lora_A")}
+    assert frozen == {n + ".base_layer" if n in adapted else n for n in targets}
+    assert adapted and all(not isinstance(m.get_submodule(n).lora_A["default"], FrozenFloat8Linear) for n in adapted)
+    assert [n for n, _ in m.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    for (n, p), q in zip(m.named_parameters(), plain.parameters()):
+        assert torch.equal(p, q) and p.requires_grad == q.requires_grad == ("lora_" in n), n
+    assert cache_frozen_fp8(m) == len(frozen)
+
+
+def test_lora_fp8_trains_the_adapters_near_bf16_and_leaves_the_base():
+    """10 AdamW steps of the same init and batches in bf16, LoRA with and without the float8 base (FluxStep itself,
+    one process on the CPU), each recipe: the losses differ from bf16's, by 0.1% at most (measured: 1e-4), the
+    adapters trained, every base weight bit-equal."""
+    from flux_cp.data import device_batches
+    from flux_cp.measure.timing import StepTimer
+    from flux_cp.parallel.mesh import build_optimizer
+    from flux_cp.train.step import FluxStep
+
+    cpu = torch.device("cpu")
+    losses = {}
+    for fp8 in ("none", "tensorwise", "rowwise"):
+        cfg, model = _lora_model(fp8)
+        init = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt = build_optimizer(model, cfg.run, cpu)
+        step = FluxStep(cfg, model, cpu, None, StepTimer(cuda=False, enabled=False, ledger=None))
+        batches = device_batches(cfg.data, cfg.model, 10, 0, 1, torch.bfloat16, cpu)
+        losses[fp8] = [step(model, opt, b).item() for b in batches]
+        for n, p in model.named_parameters():
+            assert torch.equal(p, init[n]) != ("lora_" in n), n  # the adapters train; the base never moves
+    ref = losses.pop("none")
+    for got in losses.values():
+        assert got != ref and all(abs(a - b) <= 1e-3 * b for a, b in zip(got, ref)), (got, ref)
+
+
+@pytest.mark.parametrize("weights,error", [
+    ("ddp", None), ("zero2", None),
+    ("fsdp", "--lora-rank with --fp8 tensorwise under --weights fsdp: the frozen base is cast to float8 once"),
+])
+def test_lora_fp8_on_a_gpu_resolves_without_torchao_but_not_under_fsdp(weights, error):
+    from flux_cp.checks import check_installed, resolve
+    from flux_cp.config import ConfigError
+
+    cfg = parse_config(["--config", str(TINY), "--accelerator", "gpu", "--precision", "bf16-true", "--lora-rank", "8",
+                        "--fp8", "tensorwise", "--weights", weights, "--devices", "2"], cuda_available=True)
+    if error is None:
+        check_installed(resolve(cfg, cuda_available=True, gpu_count=2).run)  # no torchao here: ours needs none
+        return
+    with pytest.raises(ConfigError, match=error.replace("(", r"\(")):
+        resolve(cfg, cuda_available=True, gpu_count=2)
