@@ -136,3 +136,21 @@ def test_lora_fp8_on_a_gpu_resolves_without_torchao_but_not_under_fsdp(weights, 
         return
     with pytest.raises(ConfigError, match=error.replace("(", r"\(")):
         resolve(cfg, cuda_available=True, gpu_count=2)
+
+
+def test_the_planner_prices_lora_fp8_with_its_float8_copies_and_prunes_it_under_fsdp():
+    """Flux.1 LoRA at B = W = 8: the DDP plan with its base in float8 carries a byte a weight twice more of every
+    converted linear (W and W^T; its activations as LoRA's); under FSDP it is left out with the check's reason."""
+    from flux_cp.plan.plans import enumerate_plans
+    from flux_cp.train.fp8 import fp8_linears
+
+    cfg = parse_config(["--config", str(TINY.parent / "flux1_lora.yaml")], cuda_available=True)
+    plans = {(p.weights, p.fp8): p for p in enumerate_plans(cfg, seq_len=4608, global_batch=8, world=8, cps=("none",),
+                                                            weights=("ddp", "fsdp"), memory_gib_limit=80,
+                                                            fp8=("none", "tensorwise"))}
+    copies = 2 * sum(lin.fan_in * lin.fan_out for lin in fp8_linears(cfg.model)) / 2**30
+    assert 15 < copies < 17  # 8.6 B of Flux.1's 11.9 B weights (most of the rest: the AdaLN modulations)
+    ddp, fp8 = plans["ddp", "none"], plans["ddp", "tensorwise"]
+    assert fp8.pruned is None and fp8.name == "dp8-ddp-eager-fp8tensorwise"
+    assert fp8.memory_gib == pytest.approx(ddp.memory_gib + copies, rel=1e-12)
+    assert plans["fsdp", "tensorwise"].pruned.startswith("--lora-rank with --fp8 tensorwise under --weights fsdp")

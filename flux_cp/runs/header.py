@@ -67,8 +67,10 @@ def train_header(cfg, params: int) -> dict:
         "checkpointing": checkpointing_header(cfg),
         # --lora-rank: adapters on the named linears, the base frozen; MFU counts LoRA's own training FLOPs
         "lora": lora_header(cfg),
-        # --fp8: the blocks' token linears in float8 (torchao); MFU still against the bf16 dense peak
-        "fp8": {"recipe": run.fp8, "mfu_peak": "bf16 dense"} if run.fp8 != "none" else None,
+        # --fp8: the blocks' token linears in float8 (torchao; a LoRA base: train/fp8.py); MFU against the bf16 peak
+        "fp8": ({"recipe": run.fp8, "mfu_peak": "bf16 dense"}
+                | ({"base": "frozen, cast to float8 once (FrozenFloat8Linear)"} if run.lora_rank else {})
+                if run.fp8 != "none" else None),
         "step_graph": run.step_graph,  # the whole step replayed from one CUDA graph after warm-up (train/step_graph.py)
         # regions would split compiled graphs: off under --compile; the bare loop has none
         "op_regions": run.timing and not run.compile and run.harness == "lightning",

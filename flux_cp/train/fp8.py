@@ -96,7 +96,8 @@ class _FrozenFloat8Matmul(torch.autograd.Function):
         ctx.rowwise = rowwise
         x2 = x.reshape(-1, x.shape[-1])  # (M, K)
         x8, x_inv = to_float8(x2, E4M3, rowwise)
-        y = torch._scaled_mm(x8, w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype)  # (M, N)
+        # fast accumulation in the forward's GEMM alone, as torchao's default config (its gradients' GEMMs: exact)
+        y = torch._scaled_mm(x8, w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype, use_fast_accum=True)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
@@ -134,7 +135,7 @@ class FrozenFloat8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w8 is None:
-            raise RuntimeError("FrozenFloat8Linear: its float8 weight is not cached (flux_cp.train.fp8.cache_frozen_fp8)")
+            raise RuntimeError("FrozenFloat8Linear: its float8 weight is not cached (train.fp8.cache_frozen_fp8)")
         y = _FrozenFloat8Matmul.apply(x, self.w8, self.w_inv, self.w8t, self.wt_inv, self.recipe == "rowwise")
         return y if self.bias is None else y + self.bias
 
