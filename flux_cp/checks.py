@@ -230,6 +230,9 @@ def _check_fp8(run: RunConfig) -> None:
     if run.cp == "tp":
         raise ConfigError("--fp8 with --cp tp: the TP linears are this tool's own sharded modules, which torchao's "
                           "float8 conversion does not know (use --cp ulysses, torch, allgather-kv or none)")
+    if run.ulysses_overlap:  # parallel/ulysses_overlap.py multiplies by proj_out's weight itself, in bf16
+        raise ConfigError(f"--fp8 {run.fp8} with --ulysses-overlap true: the overlap splits proj_out's weight and "
+                          "multiplies by it itself, so proj_out would stay bf16 (drop one of them)")
 
 
 def check_installed(run: RunConfig) -> None:

@@ -169,7 +169,8 @@ class RunConfig:
     checkpointing: Literal["none", "selective", "full"] = "none"
     checkpoint_fraction: float = 1.0  # --checkpointing full|selective: the share of the blocks covered, the first ones
     # FP8 linears (torchao's float8 training, GPU): the blocks' token GEMMs in float8 with tensorwise or rowwise
-    # scales (the AdaLN, embedder and output linears stay bf16); MFU stays against the bf16 peak
+    # scales (the AdaLN, embedder and output linears stay bf16); under LoRA the frozen base's, cast once (no torchao);
+    # MFU stays against the bf16 peak
     fp8: Literal["none", "tensorwise", "rowwise"] = "none"
     # LoRA: adapters of this rank on --lora-targets, the base weights frozen (0: every weight trains)
     lora_rank: int = 0

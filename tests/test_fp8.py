@@ -143,16 +143,22 @@ def test_lora_fp8_under_checkpointing_is_bit_equal_to_none(rowwise_none, checkpo
     assert all(torch.equal(got[1][n], ref[1][n]) for n in ref[1])
 
 
-@pytest.mark.parametrize("weights,error", [
-    ("ddp", None), ("zero2", None),
-    ("fsdp", "--lora-rank with --fp8 tensorwise under --weights fsdp: the frozen base is cast to float8 once"),
-])
-def test_lora_fp8_on_a_gpu_resolves_without_torchao_but_not_under_fsdp(weights, error):
+@pytest.mark.parametrize("args,error", [
+    (("--lora-rank", 8, "--weights", "ddp"), None),
+    (("--lora-rank", 8, "--weights", "zero2"), None),
+    (("--lora-rank", 8, "--weights", "fsdp"),
+     "--lora-rank with --fp8 tensorwise under --weights fsdp: the frozen base is cast to float8 once"),
+    (("--cp", "ulysses", "--ulysses-overlap", "true"),
+     "--fp8 tensorwise with --ulysses-overlap true: the overlap splits proj_out's weight"),
+], ids=["lora-ddp", "lora-zero2", "lora-fsdp", "ulysses-overlap"])
+def test_fp8_on_a_gpu_resolves_under_lora_without_torchao_but_not_where_it_would_not_apply(args, error):
+    """A GPU's settings (checked here without one): LoRA's float8 base needs no torchao, but not under FSDP; the
+    Ulysses overlap would multiply by proj_out's bf16 weight itself, so FP8 is refused with it (LoRA or not)."""
     from flux_cp.checks import check_installed, resolve
     from flux_cp.config import ConfigError
 
-    cfg = parse_config(["--config", str(TINY), "--accelerator", "gpu", "--precision", "bf16-true", "--lora-rank", "8",
-                        "--fp8", "tensorwise", "--weights", weights, "--devices", "2"], cuda_available=True)
+    gpu = ("--accelerator", "gpu", "--precision", "bf16-true", "--fp8", "tensorwise", "--devices", "2")
+    cfg = parse_config(["--config", str(TINY), *gpu, *map(str, args)], cuda_available=True)
     if error is None:
         check_installed(resolve(cfg, cuda_available=True, gpu_count=2).run)  # no torchao here: ours needs none
         return
