@@ -22,7 +22,9 @@ if kill -0 $pid 2>/dev/null; then
   for _ in $(seq 25); do kill -0 $pid 2>/dev/null || break; sleep 1; done
   kill -KILL -- -$pid 2>/dev/null
 fi
-(cd "$work" && tar czf "$OUT/results.tar.gz" --exclude=wandb --exclude='*.tar.gz*' --exclude='compile_cache*' .)
+# profiler traces stay behind (tens of MB at Flux.1's depth): a profiled run's breakdown is in its summary.json
+(cd "$work" && tar czf "$OUT/results.tar.gz" --exclude=wandb --exclude=traces --exclude='*.tar.gz*' \
+  --exclude='compile_cache*' .)
 cp "$work/session.log" "$OUT/" 2>/dev/null
 cp "$work/compile_cache.bin.xz" "$OUT/" 2>/dev/null
 tail -60 "$work.out"
