@@ -1,5 +1,7 @@
 """Where Flux.1's measured steps go, by part, and what FP8 linears and cuDNN's attention can give them (arithmetic on
 measured figures, no device): `python docs/results/2026-12-07e-cpu-lora-fp8/step_budget.py` from the repository root.
+`--profiled DIR`: the suite flux1_profile's runs (configs/suites/), their kernels by part measured beside the parts
+predicted here.
 
 Inputs, all committed:
   - the kernels of the best 2 + 4-block W=1 step at four samples, by part (H100, compiled, one CUDA graph; [O]:
@@ -11,6 +13,7 @@ The model: each part scales to Flux.1 by its FLOPs (GEMMs by the GEMM FLOPs, att
 rest by the blocks); LoRA's GEMMs by LoRA's GEMM FLOPs (no weight gradient for the frozen base).
 """
 
+import argparse
 import json
 import sys
 import tarfile
@@ -36,7 +39,29 @@ def run(tar, name):
     return d["metrics"]["step_ms"]["median"], d["throughput"]["throughput/device/mfu"]
 
 
-def main():
+def profiled(folder: Path, predicted: dict) -> None:
+    """Each flux1_profile run's kernels by part (a step's, ms) beside the parts predicted for it."""
+    print(f"\n## Measured by kernel ({folder}) against the prediction")
+    print(f"{'run':16} {'part':10} {'measured':>9} {'predicted':>9}")
+    for name, parts in predicted.items():
+        runs = sorted(folder.glob(f"{name}/summary.json"))
+        if not runs:
+            print(f"{name:16} not run")
+            continue
+        d = json.loads(runs[0].read_text())
+        got = (d.get("profile") or {}).get("breakdown_ms")
+        if not got:
+            print(f"{name:16} no profile ({'complete' if d.get('complete') else d.get('error', 'incomplete')})")
+            continue
+        for part, ms in parts.items():
+            print(f"{name:16} {part:10} {got[part]:9.1f} {ms:9.1f}")
+        print(f"{name:16} {'step':10} {got['step']:9.1f} {d['metrics']['step_ms']['median']:9.1f} (its timed median)")
+
+
+def main(argv=None):
+    a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    a.add_argument("--profiled", type=Path, help="flux1_profile's output folder (its runs' folders inside)")
+    args = a.parse_args(argv)
     shallow, full, lora = cfg("flux_4608.yaml"), cfg("flux1.yaml"), cfg("flux1_lora.yaml")
     p = json.loads(PROFILE.read_text())
     parts = p["profile"]["breakdown_ms"]
@@ -89,6 +114,12 @@ def main():
     for name, saved in cases.items():
         ms = lo - saved
         print(f"  {name}: {ms:.0f} ms, {lo_mfu * lo / ms:.1%} of LoRA's FLOPs ({lo / ms:.2f}x)")
+    if args.profiled:
+        lora_run = next(iter(sorted(args.profiled.glob("*lora_rank-64*"))), Path("lora")).name
+        profiled(args.profiled, {
+            "fp8-none": {"gemm": g4, "attention": 4 * attn, "other": 4 * rest},
+            "fp8-tensorwise": {"gemm": g4 / net_tw, "attention": 4 * attn, "other": 4 * rest},
+            lora_run: {"gemm": lgemm, "attention": flash, "other": rest}})
 
 
 if __name__ == "__main__":
