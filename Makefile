@@ -1,5 +1,6 @@
 # Quick start: `make bench` (set-up + the main job on its default), `make test` (set-up + the CPU tests; CI also
-# runs `make test-slow`: the fault cases, sweeps of real runs, compiling on the CPU).
+# runs `make test-slow`: the fault cases, sweeps of real runs, compiling on the CPU; `make test-peft` and
+# `make test-fp8`: LoRA against peft, torchao's float8 on the CPU).
 PY ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
@@ -25,16 +26,20 @@ bench: setup
 
 test: setup  # the CPU tests but the slow set (CI runs both sets: .ci/run); two workers, a test
 	# file each (its module fixtures run once): most tests wait on single-threaded start-ups of train_bench processes
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow and not peft" --durations=10 $(ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not gpu and not multigpu and not slow and not peft and not fp8" --durations=10 $(ARGS)
 
 test-slow: setup  # hung and killed ranks, interrupts, sweeps of real runs (OOM, resume), compiling on the CPU
-	$(BIN)/python -m pytest -q -n 2 -m "slow and not peft" --durations=10 $(ARGS)  # two at a time: the hung-rank cases mostly wait
+	$(BIN)/python -m pytest -q -n 2 -m "slow and not peft and not fp8" --durations=10 $(ARGS)  # two at a time: the hung-rank cases mostly wait
 
 test-peft: setup  # --lora-rank's adapters against peft's own: peft in for these tests only (it slows every import)
 	$(BIN)/pip install -qq -e ".[peft]"
 	rc=0; $(BIN)/python -m pytest -q -m peft $(ARGS) || rc=$$?; $(BIN)/pip uninstall -qq -y peft transformers; exit $$rc
 
+test-fp8: setup  # torchao's float8 training on the CPU (the full fine-tune's FP8, FSDP's float8 all-gather over gloo)
+	$(BIN)/pip install -qq -e ".[fp8]"
+	rc=0; $(BIN)/python -m pytest -q -m fp8 $(ARGS) || rc=$$?; $(BIN)/pip uninstall -qq -y torchao; exit $$rc
+
 lint: setup
 	$(BIN)/ruff check .
 
-.PHONY: setup bench test test-slow test-peft lint
+.PHONY: setup bench test test-slow test-peft test-fp8 lint

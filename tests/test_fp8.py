@@ -4,6 +4,8 @@ input's gradient equal the same GEMMs on the dequantized float8 operands (fp32: 
 trains its adapters near the bf16 one and leaves the base bit-equal. A run with --fp8 stays refused on a CPU
 (tests/test_bad_input.py); its loss against bf16 over 50 steps on a GPU is tests/test_gpu_depth.py's."""
 
+import re
+
 import pytest
 import torch
 
@@ -150,19 +152,30 @@ def test_lora_fp8_under_checkpointing_is_bit_equal_to_none(rowwise_none, checkpo
      "--lora-rank with --fp8 tensorwise under --weights fsdp: the frozen base is cast to float8 once"),
     (("--cp", "ulysses", "--ulysses-overlap", "true"),
      "--fp8 tensorwise with --ulysses-overlap true: the overlap splits proj_out's weight"),
-], ids=["lora-ddp", "lora-zero2", "lora-fsdp", "ulysses-overlap"])
+    (("--weights", "fsdp", "--fsdp-fp8-all-gather", "true"), None),
+    (("--weights", "ddp", "--fsdp-fp8-all-gather", "true"),
+     "--fsdp-fp8-all-gather true: gathers FSDP2's trained weights in float8 with one scale a tensor, needs --fp8 "
+     "tensorwise --weights fsdp without LoRA (not --fp8 tensorwise --weights ddp; or drop it)"),
+    (("--weights", "fsdp", "--fsdp-fp8-all-gather", "true", "--lora-rank", 8),
+     "--fsdp-fp8-all-gather true: gathers FSDP2's trained weights in float8 with one scale a tensor, needs --fp8 "
+     "tensorwise --weights fsdp without LoRA (not --fp8 tensorwise --weights fsdp --lora-rank 8; or drop it)"),
+], ids=["lora-ddp", "lora-zero2", "lora-fsdp", "ulysses-overlap", "fsdp-all-gather", "ddp-all-gather",
+        "lora-fsdp-all-gather"])
 def test_fp8_on_a_gpu_resolves_under_lora_without_torchao_but_not_where_it_would_not_apply(args, error):
     """A GPU's settings (checked here without one): LoRA's float8 base needs no torchao, but not under FSDP; the
-    Ulysses overlap would multiply by proj_out's bf16 weight itself, so FP8 is refused with it (LoRA or not)."""
+    Ulysses overlap would multiply by proj_out's bf16 weight itself, so FP8 is refused with it (LoRA or not); FSDP's
+    float8 all-gather takes tensorwise FP8 of trained weights under FSDP alone."""
     from flux_cp.checks import check_installed, resolve
     from flux_cp.config import ConfigError
 
     gpu = ("--accelerator", "gpu", "--precision", "bf16-true", "--fp8", "tensorwise", "--devices", "2")
     cfg = parse_config(["--config", str(TINY), *gpu, *map(str, args)], cuda_available=True)
     if error is None:
-        check_installed(resolve(cfg, cuda_available=True, gpu_count=2).run)  # no torchao here: ours needs none
+        run = resolve(cfg, cuda_available=True, gpu_count=2).run
+        if run.lora_rank:
+            check_installed(run)  # no torchao here: ours needs none
         return
-    with pytest.raises(ConfigError, match=error.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(error)):
         resolve(cfg, cuda_available=True, gpu_count=2)
 
 
@@ -182,3 +195,23 @@ def test_the_planner_prices_lora_fp8_with_its_float8_copies_and_prunes_it_under_
     assert fp8.pruned is None and fp8.name == "dp8-ddp-eager-fp8tensorwise"
     assert fp8.memory_gib == pytest.approx(ddp.memory_gib + copies, rel=1e-12)
     assert plans["fsdp", "tensorwise"].pruned.startswith("--lora-rank with --fp8 tensorwise under --weights fsdp")
+
+
+def test_fsdp_fp8_all_gather_keeps_the_last_blocks_weights_in_float8():
+    """--fsdp-reshard-last 57 with --fsdp-fp8-all-gather: the blocks kept whole from forward to backward hold their
+    float8 linears' weights in a byte each, so the estimate drops by a byte a weight of every converted linear."""
+    from flux_cp.checks import resolve
+    from flux_cp.plan.plans import Plan, count_params, memory_gib
+    from flux_cp.train.fp8 import fp8_linears
+
+    def gib(*args):
+        cfg = resolve(parse_config(["--config", str(TINY.parent / "flux1.yaml"), "--accelerator", "gpu",
+                                    "--simulate-world", "8", "--cp-degree", "1", "--weights", "fsdp", "--fp8",
+                                    "tensorwise", "--fsdp-reshard-last", "57", *args], cuda_available=True),
+                      cuda_available=True, gpu_count=1)
+        return cfg, memory_gib(cfg, count_params(cfg), Plan(8, 1, "none", "fsdp", "compiled", fp8="tensorwise"))
+
+    cfg, plain = gib()
+    _, gathered = gib("--fsdp-fp8-all-gather", "true")
+    converted = sum(lin.fan_in * lin.fan_out for lin in fp8_linears(cfg.model))
+    assert plain - gathered == pytest.approx(converted * 7 / 8 / 2**30, rel=1e-12) and 7 < plain - gathered < 8

@@ -127,8 +127,14 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         weights = frozen + 2 * b * trained + 2 * b * trained / W  # parameters and gradient buckets whole; 1/W moments
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
         weights = (frozen + 4 * b * trained) / W
-        # --fsdp-reshard-last k: the last k blocks' parameters kept whole from their forward to the backward
-        weights += b * n * (1 - 1 / W) * cfg.run.fsdp_reshard_last / blocks
+        # --fsdp-reshard-last k: the last k blocks' parameters kept whole from their forward to the backward (the
+        # float8 linears' in a byte each where they are gathered in float8: --fsdp-fp8-all-gather)
+        kept = b * n
+        if cfg.run.fsdp_fp8_all_gather:
+            from flux_cp.train.fp8 import fp8_linears
+
+            kept -= (b - 1) * sum(lin.fan_in * lin.fan_out for lin in fp8_linears(cfg.model))
+        weights += kept * (1 - 1 / W) * cfg.run.fsdp_reshard_last / blocks
     tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len  # a micro-batch's, before any split
     per_token = b * cfg.model.hidden * tokens / plan.cp_degree  # bytes of one unit, a rank's tokens
     units = (LORA_PER_TOKEN if cfg.run.lora_rank else CHECKPOINTED_PER_TOKEN)[plan.checkpointing]

@@ -21,6 +21,8 @@ gradients, one scale a tensor; rowwise: e4m3, a scale a row, rounded down to a p
 MFU stays in model FLOPs against the device's bf16 dense peak (summary.json `fp8` says so): FP8 shows in tokens/s.
 """
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -44,9 +46,11 @@ def fp8_targets(model) -> list[str]:
     return [lin.name for lin in fp8_linears(model.cfg)]
 
 
-def apply_fp8(model, recipe: str) -> None:
+def apply_fp8(model, recipe: str, fsdp_all_gather: bool = False) -> None:
     """Convert fp8_targets(model) to float8 with `recipe`'s scaling: torchao's Float8Linear where the weight trains,
-    FrozenFloat8Linear where it is frozen (a LoRA base, wrapped by flux_cp/train/lora.py: apply_lora runs first)."""
+    FrozenFloat8Linear where it is frozen (a LoRA base, wrapped by flux_cp/train/lora.py: apply_lora runs first).
+    fsdp_all_gather (--fsdp-fp8-all-gather, tensorwise): FSDP2 then gathers the weights in float8 (torchao casts each
+    shard before the all-gather); precompute_fp8_scales sets their scales after each optimizer step."""
     if recipe == "none":
         return
     targets = set(fp8_targets(model))
@@ -63,8 +67,18 @@ def apply_fp8(model, recipe: str) -> None:
     if trained:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
-                                   module_filter_fn=lambda m, fqn: fqn in trained)
+        config = Float8LinearConfig.from_recipe_name(recipe)
+        if fsdp_all_gather:
+            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+        convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: fqn in trained)
+
+
+def precompute_fp8_scales(model) -> None:
+    """--fsdp-fp8-all-gather: every float8 weight's scale from its amax over all shards, in one all-reduce (else each
+    weight's cast would all-reduce its own amax before its gather); after each optimizer step, as torchtitan does."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 def cache_frozen_fp8(model) -> int:

@@ -28,7 +28,7 @@ from flux_cp.parallel.registry import make_strategy
 from flux_cp.parallel.tp import apply_tp, dp_sync_off, rope_tables
 from flux_cp.parallel.ulysses_overlap import overlap_single_blocks
 from flux_cp.train.checkpointing import apply_checkpointing
-from flux_cp.train.fp8 import apply_fp8, cache_frozen_fp8
+from flux_cp.train.fp8 import apply_fp8, cache_frozen_fp8, precompute_fp8_scales
 from flux_cp.train.lora import apply_lora
 from flux_cp.train.step_graph import StepGraph
 
@@ -49,7 +49,7 @@ def build_model(cfg: BenchConfig) -> FluxDiT:
     with torch.device(init_device(cfg.run.accelerator)):
         model = FluxDiT(cfg.model)
     apply_lora(model, cfg.run)  # before any sharding: the strategies see the frozen base and its adapters
-    apply_fp8(model, cfg.run.fp8)  # likewise (FSDP2 and DDP wrap the converted linears); a LoRA base's, frozen
+    apply_fp8(model, cfg.run.fp8, cfg.run.fsdp_fp8_all_gather)  # likewise (FSDP2 and DDP wrap them); a LoRA base's
     return model
 
 
@@ -108,6 +108,7 @@ class FluxStep:
         if run.split_conditioning:
             split_conditioning(model, self.strategy)
         cache_frozen_fp8(model)  # --fp8 under LoRA: the frozen base cast once, now that it is in the run's precision
+        self.fp8_scales = model if run.fsdp_fp8_all_gather else None  # whose float8 scales each step precomputes
         # below compile (dynamo traces the checkpoint), above the strategies' processors (recomputed with the block)
         self.checkpointed = apply_checkpointing(model, run.checkpointing, run.checkpoint_fraction)
         if run.compile:
@@ -184,6 +185,8 @@ class FluxStep:
                     self.timer.mark("backward_end")  # DDP's bucket all-reduces are consumed here (the reducer waits)
             losses.append(loss.detach())
         opt.step()
+        if self.fp8_scales is not None:  # the new weights' amaxes, all-reduced once, before the next step's gathers
+            precompute_fp8_scales(self.fp8_scales)
         return losses[0] if k == 1 else torch.stack(losses).sum()
 
     def _sync_off(self, model, opt) -> contextlib.ExitStack:

@@ -83,6 +83,8 @@ def main(argv=None):
         bf16, mfu16 = run(tar, "flux1_depth/fp8-none")  # B = 4W, FSDP compiled, selective
         tw, _ = run(tar, "flux1_depth/fp8-tensorwise")
         rw, _ = run(tar, "flux1_depth/fp8-rowwise")
+        bw16, _ = run(tar, "flux1_depth/fp8-none_checkpointing-none_global_batch-8")  # B = W, no checkpointing
+        bwrw, _ = run(tar, "flux1_depth/fp8-rowwise_checkpointing-none_global_batch-8")
         lo, lo_mfu = run(tar, "flux1_lora/simulate_world-8_cp-none_cp_degree-1_global_batch-8_compile-true_step_graph"
                               "-true_warmup_steps-12")  # LoRA, B = W, DDP compiled, one CUDA graph, flash pinned
 
@@ -94,6 +96,11 @@ def main(argv=None):
     for name, ms in (("tensorwise", tw), ("rowwise", rw)):
         print(f"FP8 {name}: {ms:.1f} ms, {bf16 / ms:.2f}x; the GEMMs' net speed-up it implies (casts included) "
               f"{g4 / (g4 - (bf16 - ms)):.2f}x")
+    # what FP8 saves = samples x (a sample's net saving) - (a fixed cost a step: casting every weight, whatever B)
+    per_sample = ((bf16 - rw) - (bw16 - bwrw)) / 3
+    print(f"rowwise at one sample a rank (no checkpointing): {bwrw:.1f} ms against bf16's {bw16:.1f}, "
+          f"{bw16 / bwrw:.2f}x; with B = 4W: a sample saves ~{per_sample:.0f} ms, the weights' casts cost "
+          f"~{per_sample - (bw16 - bwrw):.0f} ms a step, whatever B (two points, checkpointing unlike: an estimate)")
     need = g4 / (g4 - (bf16 - bf16 / 1.3))
     of_peak = 3 * ff["gemm"] * 4 / (g4 / 1e3) / 989e12  # the bf16 GEMMs' training FLOPs over their time
     print(f"1.3x needs the GEMMs {need:.2f}x faster, casts included (FP8's dense peak is 2x bf16's, and bf16's GEMMs "

@@ -1,0 +1,125 @@
+"""torchao's float8 training on the CPU (`make test-fp8` installs torchao for these tests alone; `-m fp8`): torch's
+_scaled_mm runs on a CPU, so the FP8 paths of the full fine-tune are checked here (a run with --fp8 stays refused on a
+CPU, so each test builds the step itself, --fp8 set past that check):
+- torchao's Float8Linear on the blocks' token linears trains near bf16;
+- FSDP2's float8 all-gather (--fsdp-fp8-all-gather: each weight cast on its shard, the scales from one all-reduce after
+  each optimizer step) trains over two real gloo ranks exactly as FSDP2 without it, 10 steps."""
+
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.fp8
+pytest.importorskip("torchao.float8")  # `make test-fp8` installs it; the other sets leave these tests out
+
+# Tiny's structure at hidden 1024 (16 heads x 64), one block of each kind: every block linear is an FP8 target
+WIDE = ("--model.num_heads", "16", "--model.head_dim", "64", "--model.rope_axes", "[16, 24, 24]",
+        "--model.double_blocks", "1", "--model.single_blocks", "1", "--precision", "bf16-true")
+STEPS = 10
+
+
+def _config(*args, fp8="none", all_gather=False):
+    from flux_cp.checks import resolve
+    from flux_cp.config import parse_config
+
+    from .conftest import TINY
+
+    cfg = resolve(parse_config(["--config", str(TINY), *WIDE, *args], cuda_available=False), cuda_available=False,
+                  gpu_count=0)
+    cfg.run.fp8, cfg.run.fsdp_fp8_all_gather = fp8, all_gather  # past the check that refuses --fp8 on a CPU
+    return cfg
+
+
+def _train(cfg, model, rank=0, world=1) -> list[float]:
+    """STEPS AdamW steps through FluxStep; the mean loss over the ranks of each."""
+    import torch.distributed as dist
+
+    from flux_cp.data import device_batches
+    from flux_cp.measure.timing import StepTimer
+    from flux_cp.parallel.mesh import build_optimizer
+    from flux_cp.train.step import FluxStep
+
+    cpu = torch.device("cpu")
+    opt = build_optimizer(model, cfg.run, cpu)
+    step = FluxStep(cfg, model, cpu, None, StepTimer(cuda=False, enabled=False, ledger=None))
+    losses = []
+    for batch in device_batches(cfg.data, cfg.model, STEPS, rank, world, torch.bfloat16, cpu):
+        loss = step(model, opt, batch).detach()
+        if world > 1:
+            dist.all_reduce(loss)
+        losses.append(loss.item() / world)
+    return losses
+
+
+def test_torchao_fp8_linears_train_near_bf16():
+    """One process, the full fine-tune at Flux's learning rate (1e-4): tensorwise and rowwise FP8 (torchao's
+    Float8Linear on every block token linear) stay within 0.1% of bf16's losses over 10 steps (measured: 4e-4 at
+    most), and differ from them."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from flux_cp.train.fp8 import fp8_targets
+    from flux_cp.train.step import build_model
+
+    losses = {}
+    for fp8 in ("none", "tensorwise", "rowwise"):
+        cfg = _config("--lr", "1e-4", fp8=fp8)
+        model = build_model(cfg).to(torch.bfloat16)
+        converted = sorted(n for n, m in model.named_modules() if isinstance(m, Float8Linear))
+        assert converted == (sorted(fp8_targets(model)) if fp8 != "none" else [])
+        losses[fp8] = _train(cfg, model)
+    ref = losses.pop("none")
+    for fp8, got in losses.items():
+        assert got != ref and all(abs(a - b) <= 1e-3 * b for a, b in zip(got, ref)), (fp8, got, ref)
+
+
+def _fsdp_rank(rank: int, world: int, all_gather: bool, port: int, out) -> None:
+    """One of `world` gloo ranks: Flux's wide tiny model in FSDP2 over all of them, tensorwise FP8, STEPS steps."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from flux_cp.parallel.mesh import shard_weights
+    from flux_cp.train.step import build_model
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        cfg = _config("--weights", "fsdp", "--devices", str(world), "--cp-degree", "1", "--data.global_batch",
+                      str(world), fp8="tensorwise", all_gather=all_gather)
+        model = build_model(cfg).to(torch.bfloat16)
+        shard_weights(model, init_device_mesh("cpu", (world,)), cfg.run)
+        losses = _train(cfg, model, rank, world)
+        params = {n: p.full_tensor().float() for n, p in model.named_parameters()}  # every rank gathers
+        local = type(model.double_blocks[0].ff.net[2].weight._local_tensor).__name__
+        if rank == 0:
+            torch.save({"losses": losses, "params": params, "local": local}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsdp(tmp_path, all_gather: bool, port: int, world: int = 2) -> dict:
+    import torch.multiprocessing as mp
+
+    out = tmp_path / f"ag{int(all_gather)}.pt"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_fsdp_rank, args=(r, world, all_gather, port, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return torch.load(out)
+
+
+def test_fsdp_float8_all_gather_trains_as_fsdp_without_it_over_two_ranks(tmp_path):
+    """Two gloo ranks, FSDP2, tensorwise FP8, 10 steps: with --fsdp-fp8-all-gather (each weight cast on its shard
+    before the gather, its scale from the amax all-reduced over the shards) the same losses and final parameters, bit
+    for bit, as the weights cast whole after the gather; and the weights are torchao's float8-gathering tensor."""
+    plain = _fsdp(tmp_path, False, 29561)
+    ag8 = _fsdp(tmp_path, True, 29562)
+    assert ag8["local"] == "WeightWithDynamicFloat8CastTensor" and plain["local"] != ag8["local"]
+    assert ag8["losses"] == plain["losses"] and len(plain["losses"]) == STEPS
+    assert ag8["params"].keys() == plain["params"].keys()
+    assert all(torch.equal(ag8["params"][n], plain["params"][n]) for n in plain["params"])
+    assert plain["losses"][-1] != plain["losses"][0]
