@@ -11,7 +11,12 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.fp8
-pytest.importorskip("torchao.float8")  # `make test-fp8` installs it; the other sets leave these tests out
+
+
+@pytest.fixture(autouse=True)
+def _torchao():
+    """`make test-fp8` installs torchao; the other sets deselect these tests (-m "not fp8"), so nothing skips there."""
+    pytest.importorskip("torchao.float8")
 
 # Tiny's structure at hidden 1024 (16 heads x 64), one block of each kind: every block linear is an FP8 target
 WIDE = ("--model.num_heads", "16", "--model.head_dim", "64", "--model.rope_axes", "[16, 24, 24]",
