@@ -53,8 +53,9 @@ def parser() -> Parser:
     p.add_argument("--cp", default=None, help="strategies within a group, comma-separated (default: all that apply)")
     p.add_argument("--checkpointing", default="none", help="activation checkpointing modes, comma-separated: none, "
                    "selective, full (each plan in each; the memory estimate prunes by what each keeps).")
-    p.add_argument("--fp8", default="none", help="FP8 linears, comma-separated: none, tensorwise, rowwise (GPU, "
-                   "torchao; MFU stays against the bf16 peak)")
+    p.add_argument("--fp8", default="none", help="FP8 linears, comma-separated: none, tensorwise, rowwise, "
+                   "tensorwise-ag8 (FSDP gathering the float8 weights in float8; GPU, torchao; MFU stays against the "
+                   "bf16 peak)")
     p.add_argument("--lora-rank", type=at_least(0), default=0, help="LoRA: every plan trains adapters of this rank, "
                    "the base frozen (0: full fine-tuning); its FLOPs, memory and collectives are LoRA's")
     p.add_argument("--lora-targets", default=None, help="LoRA's adapted linears (presets attention, mlp, or module "

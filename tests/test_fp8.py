@@ -215,3 +215,19 @@ def test_fsdp_fp8_all_gather_keeps_the_last_blocks_weights_in_float8():
     _, gathered = gib("--fsdp-fp8-all-gather", "true")
     converted = sum(lin.fan_in * lin.fan_out for lin in fp8_linears(cfg.model))
     assert plain - gathered == pytest.approx(converted * 7 / 8 / 2**30, rel=1e-12) and 7 < plain - gathered < 8
+
+
+def test_the_planners_fp8_axis_has_fsdps_float8_all_gather():
+    """--fp8 tensorwise-ag8: tensorwise with FSDP's float8 all-gather, a plan of its own under FSDP (named -ag8, its
+    setting in the run's), left out with the check's reason under DDP."""
+    from flux_cp.plan.plans import enumerate_plans
+
+    cfg = parse_config(["--config", str(TINY.parent / "flux1.yaml")], cuda_available=True)
+    plans = {(p.weights, p.fp8): p for p in enumerate_plans(cfg, seq_len=4608, global_batch=8, world=8, cps=("none",),
+                                                            weights=("ddp", "fsdp"), builds=("compiled",),
+                                                            memory_gib_limit=80, fp8=("tensorwise", "tensorwise-ag8"))}
+    ag8 = plans["fsdp", "tensorwise-ag8"]
+    assert ag8.pruned is None and ag8.name == "dp8-fsdp-compiled-fp8tensorwise-ag8"
+    assert ag8.settings["fp8"] == "tensorwise" and ag8.settings["fsdp_fp8_all_gather"] is True
+    assert "fsdp_fp8_all_gather" not in plans["fsdp", "tensorwise"].settings
+    assert plans["ddp", "tensorwise-ag8"].pruned.startswith("--fsdp-fp8-all-gather true: gathers FSDP2's")

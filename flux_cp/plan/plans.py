@@ -51,7 +51,11 @@ LORA_PER_TOKEN = {"none": 12.5, "selective": 13.0, "full": 1.0}
 # outputs are what is kept, as bf16's (73.1 GiB both at four samples a rank)
 FP8_NONE_PER_TOKEN = 14.9
 CHECKPOINTING = ("none", "selective", "full")
-FP8 = ("none", "tensorwise", "rowwise")
+# the --fp8 axis: each value's run settings (tensorwise-ag8: FSDP2 gathers the float8 weights in float8,
+# --fsdp-fp8-all-gather; FSDP plans only, the others left out by its check)
+FP8_SETTINGS = {"none": {}, "tensorwise": {"fp8": "tensorwise"}, "rowwise": {"fp8": "rowwise"},
+                "tensorwise-ag8": {"fp8": "tensorwise", "fsdp_fp8_all_gather": True}}
+FP8 = tuple(FP8_SETTINGS)
 HEADROOM = 0.95  # of the device's memory a plan may fill: the CUDA context and the allocator's fragmentation
 BYTES = {"bf16-true": 2, "32-true": 4, "64-true": 8}
 
@@ -159,7 +163,7 @@ def run_memory_gib(summary: dict) -> float:
     world = summary.get("simulate_world") or summary["world_size"]
     plan = Plan(world // run.cp_degree, run.cp_degree, run.cp, run.weights,
                 "graph" if run.step_graph else "compiled" if run.compile else "eager",
-                checkpointing=run.checkpointing, fp8=run.fp8)
+                checkpointing=run.checkpointing, fp8=run.fp8 + ("-ag8" if run.fsdp_fp8_all_gather else ""))
     return memory_gib(cfg, summary["params"], plan)
 
 
@@ -194,8 +198,7 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
                                   "simulate_world": world if world > 1 else None}
                     if ac != "none":
                         p.settings["checkpointing"] = ac
-                    if f8 != "none":
-                        p.settings["fp8"] = f8
+                    p.settings.update(FP8_SETTINGS[f8])
                     if build == "graph":
                         p.settings["warmup_steps"] = max(GRAPH_WARMUP, cfg.run.warmup_steps)
                     p.pruned, resolved = check_settings(cfg, p.settings, on_gpu)
