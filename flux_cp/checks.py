@@ -220,10 +220,12 @@ def _check_fsdp(run: RunConfig, model) -> None:
 
 def _check_fp8(run: RunConfig) -> None:
     """--fp8: torchao's float8 GEMMs need an H100-class GPU (a CPU would emulate them: no figure worth taking)."""
+    if run.fsdp_fp8_all_gather and (run.fp8 != "tensorwise" or run.weights != "fsdp" or run.lora_rank):
+        raise ConfigError(f"--fsdp-fp8-all-gather true: gathers the float8 linears' weights in float8 under FSDP2, one "
+                          f"scale a tensor: needs --fp8 tensorwise --weights fsdp without LoRA (not --fp8 {run.fp8} "
+                          f"--weights {run.weights}{' --lora-rank ' + str(run.lora_rank) if run.lora_rank else ''}; "
+                          "or drop it)")
     if run.fp8 == "none":
-        if run.fsdp_fp8_all_gather:
-            raise ConfigError("--fsdp-fp8-all-gather true: gathers the float8 linears' weights in float8, needs --fp8 "
-                              "tensorwise --weights fsdp (add them, or drop it)")
         return
     if run.accelerator != "gpu":
         raise ConfigError(f"--fp8 {run.fp8}: float8 GEMMs need a GPU with FP8 tensor cores (H100 or newer); drop it on "
@@ -233,10 +235,6 @@ def _check_fp8(run: RunConfig) -> None:
     if run.cp == "tp":
         raise ConfigError("--fp8 with --cp tp: the TP linears are this tool's own sharded modules, which torchao's "
                           "float8 conversion does not know (use --cp ulysses, torch, allgather-kv or none)")
-    if run.fsdp_fp8_all_gather and (run.fp8 != "tensorwise" or run.weights != "fsdp" or run.lora_rank):
-        raise ConfigError(f"--fsdp-fp8-all-gather true: gathers FSDP2's trained weights in float8 with one scale a "
-                          f"tensor, needs --fp8 tensorwise --weights fsdp without LoRA (not --fp8 {run.fp8} --weights "
-                          f"{run.weights}{' --lora-rank ' + str(run.lora_rank) if run.lora_rank else ''}; or drop it)")
     if run.ulysses_overlap:  # parallel/ulysses_overlap.py multiplies by proj_out's weight itself, in bf16
         raise ConfigError(f"--fp8 {run.fp8} with --ulysses-overlap true: the overlap splits proj_out's weight and "
                           "multiplies by it itself, so proj_out would stay bf16 (drop one of them)")

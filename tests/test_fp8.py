@@ -67,14 +67,44 @@ def test_frozen_fp8_linear_needs_its_weight_frozen_and_cached():
         uncached(torch.randn(4, 1024))
 
 
-def _lora_model(fp8: str):
-    """The resolved CPU config of a LoRA run, --fp8 set past the check that refuses it on a CPU, and its model."""
+def wide_config(*args, **run):
+    """The resolved CPU config of WIDE with `args`, then `run`'s settings set past the checks (--fp8: refused on a
+    CPU)."""
     from flux_cp.checks import resolve
+
+    cfg = resolve(parse_config(["--config", str(TINY), *WIDE, *map(str, args)], cuda_available=False),
+                  cuda_available=False, gpu_count=0)
+    for k, v in run.items():
+        setattr(cfg.run, k, v)
+    return cfg
+
+
+def train_steps(cfg, model, steps: int, rank: int = 0, world: int = 1) -> list[float]:
+    """`steps` AdamW steps through FluxStep itself on the CPU; each step's loss, the mean over the ranks."""
+    import torch.distributed as dist
+
+    from flux_cp.data import device_batches
+    from flux_cp.measure.timing import StepTimer
+    from flux_cp.parallel.mesh import build_optimizer
+    from flux_cp.train.step import FluxStep
+
+    cpu = torch.device("cpu")
+    opt = build_optimizer(model, cfg.run, cpu)
+    step = FluxStep(cfg, model, cpu, None, StepTimer(cuda=False, enabled=False, ledger=None))
+    losses = []
+    for batch in device_batches(cfg.data, cfg.model, steps, rank, world, torch.bfloat16, cpu):
+        loss = step(model, opt, batch).detach()
+        if world > 1:
+            dist.all_reduce(loss)
+        losses.append(loss.item() / world)
+    return losses
+
+
+def _lora_model(fp8: str, **run):
+    """A LoRA run's config (rank 8 on attention, --fp8 set past its CPU check) and its model in bf16."""
     from flux_cp.train.step import build_model
 
-    cfg = resolve(parse_config(["--config", str(TINY), *WIDE, "--lora-rank", "8", "--lora-targets", "attention"],
-                               cuda_available=False), cuda_available=False, gpu_count=0)
-    cfg.run.fp8 = fp8
+    cfg = wide_config("--lora-rank", 8, "--lora-targets", "attention", fp8=fp8, **run)
     return cfg, build_model(cfg).to(torch.bfloat16)
 
 
@@ -118,20 +148,9 @@ def test_lora_fp8_trains_the_adapters_near_bf16_and_leaves_the_base(rowwise_none
 
 
 def _train(fp8: str, steps: int, **run) -> tuple[list[float], dict]:
-    """`steps` AdamW steps of the LoRA model (FluxStep itself, one process on the CPU): losses, parameters."""
-    from flux_cp.data import device_batches
-    from flux_cp.measure.timing import StepTimer
-    from flux_cp.parallel.mesh import build_optimizer
-    from flux_cp.train.step import FluxStep
-
-    cpu = torch.device("cpu")
-    cfg, model = _lora_model(fp8)
-    for k, v in run.items():
-        setattr(cfg.run, k, v)
-    opt = build_optimizer(model, cfg.run, cpu)
-    step = FluxStep(cfg, model, cpu, None, StepTimer(cuda=False, enabled=False, ledger=None))
-    losses = [step(model, opt, b).item() for b in device_batches(cfg.data, cfg.model, steps, 0, 1, torch.bfloat16, cpu)]
-    return losses, {n: p.detach() for n, p in model.named_parameters()}
+    """`steps` steps of the LoRA model: losses, parameters."""
+    cfg, model = _lora_model(fp8, **run)
+    return train_steps(cfg, model, steps), {n: p.detach() for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("checkpointing", ["selective", "full"])
@@ -154,11 +173,12 @@ def test_lora_fp8_under_checkpointing_is_bit_equal_to_none(rowwise_none, checkpo
      "--fp8 tensorwise with --ulysses-overlap true: the overlap splits proj_out's weight"),
     (("--weights", "fsdp", "--fsdp-fp8-all-gather", "true"), None),
     (("--weights", "ddp", "--fsdp-fp8-all-gather", "true"),
-     "--fsdp-fp8-all-gather true: gathers FSDP2's trained weights in float8 with one scale a tensor, needs --fp8 "
-     "tensorwise --weights fsdp without LoRA (not --fp8 tensorwise --weights ddp; or drop it)"),
+     "--fsdp-fp8-all-gather true: gathers the float8 linears' weights in float8 under FSDP2, one scale a tensor: "
+     "needs --fp8 tensorwise --weights fsdp without LoRA (not --fp8 tensorwise --weights ddp; or drop it)"),
     (("--weights", "fsdp", "--fsdp-fp8-all-gather", "true", "--lora-rank", 8),
-     "--fsdp-fp8-all-gather true: gathers FSDP2's trained weights in float8 with one scale a tensor, needs --fp8 "
-     "tensorwise --weights fsdp without LoRA (not --fp8 tensorwise --weights fsdp --lora-rank 8; or drop it)"),
+     "--fsdp-fp8-all-gather true: gathers the float8 linears' weights in float8 under FSDP2, one scale a tensor: "
+     "needs --fp8 tensorwise --weights fsdp without LoRA (not --fp8 tensorwise --weights fsdp --lora-rank 8; or drop "
+     "it)"),
 ], ids=["lora-ddp", "lora-zero2", "lora-fsdp", "ulysses-overlap", "fsdp-all-gather", "ddp-all-gather",
         "lora-fsdp-all-gather"])
 def test_fp8_on_a_gpu_resolves_under_lora_without_torchao_but_not_where_it_would_not_apply(args, error):
@@ -230,4 +250,4 @@ def test_the_planners_fp8_axis_has_fsdps_float8_all_gather():
     assert ag8.pruned is None and ag8.name == "dp8-fsdp-compiled-fp8tensorwise-ag8"
     assert ag8.settings["fp8"] == "tensorwise" and ag8.settings["fsdp_fp8_all_gather"] is True
     assert "fsdp_fp8_all_gather" not in plans["fsdp", "tensorwise"].settings
-    assert plans["ddp", "tensorwise-ag8"].pruned.startswith("--fsdp-fp8-all-gather true: gathers FSDP2's")
+    assert plans["ddp", "tensorwise-ag8"].pruned.startswith("--fsdp-fp8-all-gather true: gathers the float8")

@@ -10,6 +10,8 @@ import os
 import pytest
 import torch
 
+from .test_fp8 import train_steps, wide_config
+
 pytestmark = pytest.mark.fp8
 
 
@@ -18,43 +20,8 @@ def _torchao():
     """`make test-fp8` installs torchao; the other sets deselect these tests (-m "not fp8"), so nothing skips there."""
     pytest.importorskip("torchao.float8")
 
-# Tiny's structure at hidden 1024 (16 heads x 64), one block of each kind: every block linear is an FP8 target
-WIDE = ("--model.num_heads", "16", "--model.head_dim", "64", "--model.rope_axes", "[16, 24, 24]",
-        "--model.double_blocks", "1", "--model.single_blocks", "1", "--precision", "bf16-true")
+
 STEPS = 10
-
-
-def _config(*args, fp8="none", all_gather=False):
-    from flux_cp.checks import resolve
-    from flux_cp.config import parse_config
-
-    from .conftest import TINY
-
-    cfg = resolve(parse_config(["--config", str(TINY), *WIDE, *args], cuda_available=False), cuda_available=False,
-                  gpu_count=0)
-    cfg.run.fp8, cfg.run.fsdp_fp8_all_gather = fp8, all_gather  # past the check that refuses --fp8 on a CPU
-    return cfg
-
-
-def _train(cfg, model, rank=0, world=1) -> list[float]:
-    """STEPS AdamW steps through FluxStep; the mean loss over the ranks of each."""
-    import torch.distributed as dist
-
-    from flux_cp.data import device_batches
-    from flux_cp.measure.timing import StepTimer
-    from flux_cp.parallel.mesh import build_optimizer
-    from flux_cp.train.step import FluxStep
-
-    cpu = torch.device("cpu")
-    opt = build_optimizer(model, cfg.run, cpu)
-    step = FluxStep(cfg, model, cpu, None, StepTimer(cuda=False, enabled=False, ledger=None))
-    losses = []
-    for batch in device_batches(cfg.data, cfg.model, STEPS, rank, world, torch.bfloat16, cpu):
-        loss = step(model, opt, batch).detach()
-        if world > 1:
-            dist.all_reduce(loss)
-        losses.append(loss.item() / world)
-    return losses
 
 
 def test_torchao_fp8_linears_train_near_bf16():
@@ -68,11 +35,11 @@ def test_torchao_fp8_linears_train_near_bf16():
 
     losses = {}
     for fp8 in ("none", "tensorwise", "rowwise"):
-        cfg = _config("--lr", "1e-4", fp8=fp8)
+        cfg = wide_config("--lr", "1e-4", fp8=fp8)
         model = build_model(cfg).to(torch.bfloat16)
         converted = sorted(n for n, m in model.named_modules() if isinstance(m, Float8Linear))
         assert converted == (sorted(fp8_targets(model)) if fp8 != "none" else [])
-        losses[fp8] = _train(cfg, model)
+        losses[fp8] = train_steps(cfg, model, STEPS)
     ref = losses.pop("none")
     for fp8, got in losses.items():
         assert got != ref and all(abs(a - b) <= 1e-3 * b for a, b in zip(got, ref)), (fp8, got, ref)
@@ -90,11 +57,11 @@ def _fsdp_rank(rank: int, world: int, all_gather: bool, port: int, out) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        cfg = _config("--weights", "fsdp", "--devices", str(world), "--cp-degree", "1", "--data.global_batch",
-                      str(world), fp8="tensorwise", all_gather=all_gather)
+        cfg = wide_config("--weights", "fsdp", "--devices", world, "--cp-degree", 1, "--data.global_batch", world,
+                          fp8="tensorwise", fsdp_fp8_all_gather=all_gather)
         model = build_model(cfg).to(torch.bfloat16)
         shard_weights(model, init_device_mesh("cpu", (world,)), cfg.run)
-        losses = _train(cfg, model, rank, world)
+        losses = train_steps(cfg, model, STEPS, rank, world)
         params = {n: p.full_tensor().float() for n, p in model.named_parameters()}  # every rank gathers
         local = type(model.double_blocks[0].ff.net[2].weight._local_tensor).__name__
         if rank == 0:

@@ -120,9 +120,9 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         trained = adapter_params(cfg.model, cfg.run.lora_targets, cfg.run.lora_rank)
         frozen = b * n
         if plan.fp8 != "none":  # the frozen base's float8 copies, W and W^T, a byte each (flux_cp/train/fp8.py)
-            from flux_cp.train.fp8 import fp8_linears
+            from flux_cp.train.fp8 import fp8_weights
 
-            frozen += 2 * sum(lin.fan_in * lin.fan_out for lin in fp8_linears(cfg.model))
+            frozen += 2 * fp8_weights(cfg.model)
     if plan.cp == "tp":  # weights, gradients and state sharded by the group, DDP buckets over the few replicated
         weights = 4 * b * n / plan.cp_degree
     elif plan.weights == "ddp":
@@ -135,9 +135,9 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         # float8 linears' in a byte each where they are gathered in float8: --fsdp-fp8-all-gather)
         kept = b * n
         if cfg.run.fsdp_fp8_all_gather:
-            from flux_cp.train.fp8 import fp8_linears
+            from flux_cp.train.fp8 import fp8_weights
 
-            kept -= (b - 1) * sum(lin.fan_in * lin.fan_out for lin in fp8_linears(cfg.model))
+            kept -= (b - 1) * fp8_weights(cfg.model)
         weights += kept * (1 - 1 / W) * cfg.run.fsdp_reshard_last / blocks
     tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len  # a micro-batch's, before any split
     per_token = b * cfg.model.hidden * tokens / plan.cp_degree  # bytes of one unit, a rank's tokens

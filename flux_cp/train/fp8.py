@@ -46,6 +46,11 @@ def fp8_targets(model) -> list[str]:
     return [lin.name for lin in fp8_linears(model.cfg)]
 
 
+def fp8_weights(m: ModelConfig) -> int:
+    """The converted linears' weights (elements): what a float8 copy of them holds, a byte each."""
+    return sum(lin.fan_in * lin.fan_out for lin in fp8_linears(m))
+
+
 def apply_fp8(model, recipe: str, fsdp_all_gather: bool = False) -> None:
     """Convert fp8_targets(model) to float8 with `recipe`'s scaling: torchao's Float8Linear where the weight trains,
     FrozenFloat8Linear where it is frozen (a LoRA base, wrapped by flux_cp/train/lora.py: apply_lora runs first).
@@ -53,17 +58,16 @@ def apply_fp8(model, recipe: str, fsdp_all_gather: bool = False) -> None:
     shard before the all-gather); precompute_fp8_scales sets their scales after each optimizer step."""
     if recipe == "none":
         return
-    targets = set(fp8_targets(model))
-    frozen = {}
-    for name in targets:
+    trained = set()
+    for name in fp8_targets(model):
         module = model.get_submodule(name)
-        base = getattr(module, "base_layer", module)  # an adapted linear's frozen base
-        if not base.weight.requires_grad:
-            frozen[name if base is module else name + ".base_layer"] = base
-    for name, base in frozen.items():
+        if module.weight.requires_grad:
+            trained.add(name)
+            continue
+        if hasattr(module, "base_layer"):  # an adapted linear: its frozen base is what converts
+            module, name = module.base_layer, name + ".base_layer"
         parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent), leaf, FrozenFloat8Linear.from_linear(base, recipe))
-    trained = targets - {n.removesuffix(".base_layer") for n in frozen}
+        setattr(model.get_submodule(parent), leaf, FrozenFloat8Linear.from_linear(module, recipe))
     if trained:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
