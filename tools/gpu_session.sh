@@ -33,11 +33,12 @@ log() { echo "== $(date -u +%FT%TZ) $*"; }
 # The GPU tests are mostly train_bench subprocesses (~15 s of imports each): 4 xdist workers share the one GPU; those
 # that time kernels against a plain script (marked exclusive: a neighbour's kernels moved one 33%) run alone after.
 # Each test's outcome goes to $OUT/tests.log as it ends (-v): a call cut at its limit still returns what passed.
+# GPU_TESTS_K='fp8 or lora' runs the tests of the code that changed (pytest -k), when a call has no room for all.
 run_tests() {
-  log "pytest -m gpu"
-  python3 -m pytest -m "gpu and not exclusive" -v -rfE --tb=short -p no:cacheprovider -n "${GPU_TEST_WORKERS:-4}" \
+  log "pytest -m gpu ${GPU_TESTS_K:+-k '$GPU_TESTS_K'}"
+  python3 -m pytest -m "gpu and not exclusive" ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} -v -rfE --tb=short -p no:cacheprovider -n "${GPU_TEST_WORKERS:-4}" \
     tests/ 2>&1 | grep --line-buffered -v "PytestBenchmarkWarning\|warner(" | tee "$OUT/tests.log" | tail -25
-  python3 -m pytest -m "gpu and exclusive" -v -rfE --tb=short -p no:cacheprovider tests/ 2>&1 \
+  python3 -m pytest -m "gpu and exclusive" ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} -v -rfE --tb=short -p no:cacheprovider tests/ 2>&1 \
     | grep --line-buffered -v "PytestBenchmarkWarning\|warner(" | tee -a "$OUT/tests.log" | tail -8
 }
 # The device returns flat files only, at most 8 of them (a 9th made a call lose its suites.tar.gz, 2026-12-04), and a
