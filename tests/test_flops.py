@@ -167,3 +167,27 @@ def test_the_report_names_where_a_profiled_runs_mfu_goes(tmp_path):
     sec = md[md.index("## Where the MFU goes"):]
     assert f"| {r['run']} | 1 | 4 | {r['step_ms']:.1f} | 52% | {eff['gemm']['ms']:.1f} ms, 75% of peak |" in sec
     assert bprop[:60] in sec and d["profile"]["top_kernels_ms"]["other"][0][0][:60] in sec
+
+
+def test_the_report_sets_tokens_per_s_and_mfu_beside_each_step(tmp_path):
+    """Every configuration's section shows each run's step beside its tokens/s a GPU and MFU at equal work (a
+    simulated rank's with its collectives priced: summary.json `ranked`), over a real H100 run (Flux.1 LoRA, FP8
+    base, docs/results/2026-12-07f)."""
+    import json
+    import tarfile
+    from pathlib import Path
+
+    from flux_cp.report import build
+    from flux_cp.report import write as write_report
+
+    src = Path(__file__).resolve().parents[1] / "docs/results/2026-12-07f-h100-lora-fp8-cudnn/runs_call1.tar.xz"
+    with tarfile.open(src) as tar:
+        tar.extractall(tmp_path / "runs", members=[m for m in tar.getmembers() if "flux1_lora_fp8/fp8-rowwise/" in
+                                                  m.name], filter="data")
+    d = json.loads(next((tmp_path / "runs").rglob("summary.json")).read_text())
+    write_report(build(tmp_path / "runs"), tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    sec = md[md.index("### Throughput at equal work"):]
+    t = d["ranked"]
+    assert f"| {t['step_ms']:.3g} | {t['tokens_per_s_per_gpu']:,.0f} | {t['mfu']:.1%} | " in sec.split("\n\n")[1]
+    assert 0.44 < t["mfu"] < 0.46  # 372.6 ms, 12,368 tokens/s a GPU: 44.9% of LoRA's FLOPs

@@ -49,6 +49,15 @@ def tables(c: Config) -> list[tuple[str, list[str], list[list[str]]]]:
              + (" (noisy)" if (r.a.get("noise") or {}).get("noisy") else ""),
              _f(r.a["loop_ms"]), _f((r.a.get("speedup") or {}).get("loop"), 3, "x"), str(r.W)] for r in c.rows]
     out.append(("Step time and speedup vs W=1", hdr, rows))
+    # equal work: a GPU's tokens/s and MFU (a simulated rank's with its collectives priced: summary.json `ranked`)
+    hdr = ["W", "step ms", "tokens/s a GPU", "MFU (bf16 peak)", "peak GiB", "basis"]
+    rows = []
+    for r in c.rows:
+        t = r.run.d.get("ranked") or {}
+        tok, mfu, gib = t.get("tokens_per_s_per_gpu"), t.get("mfu"), (r.run.d.get("memory") or {}).get("allocated_gib")
+        rows.append([_w_label(r), _f(t.get("step_ms")), "-" if tok is None else f"{tok:,.0f}",
+                     "-" if mfu is None else f"{mfu:.1%}", "-" if gib is None else f"{gib:.1f}", t.get("basis", "-")])
+    out.append(("Throughput at equal work", hdr, rows))
     hdr = ["W", "step speedup", "Amdahl (compute)", "isolated ops + rest/W", "residual ms", "residual is"]
     rows = []
     for r in c.rows:
