@@ -197,7 +197,7 @@ def test_flux1s_fsdp_collectives_hide_under_its_compute_on_nvlink():
 
     from flux_cp.predict.links import load as load_link
 
-    runs = Path(__file__).parents[1] / "docs" / "results" / "2026-12-07-h100-flux1-checkpointing" / "runs.tar.xz"
+    runs = Path(__file__).parents[1] / "docs" / "archive" / "2026-12-07-h100-flux1-checkpointing" / "runs.tar.xz"
     checked = 0
     with tarfile.open(runs) as tar:
         for member in (m for m in tar.getmembers() if m.name.endswith("summary.json")):

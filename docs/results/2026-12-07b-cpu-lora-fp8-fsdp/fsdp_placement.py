@@ -10,7 +10,7 @@ from flux_cp.predict.links import load
 from flux_cp.predict.step_model import predict, timeline_from_record
 from flux_cp.runs.throughput import ranked_throughput, throughput_of
 
-runs = Path("docs/results/2026-12-07-h100-flux1-checkpointing/runs.tar.xz")
+runs = Path("docs/archive/2026-12-07-h100-flux1-checkpointing/runs.tar.xz")
 link = load("h200-nvlink4")
 with tarfile.open(runs) as tar:
     for member in sorted((m for m in tar.getmembers() if m.name.endswith("summary.json")), key=lambda m: m.name):

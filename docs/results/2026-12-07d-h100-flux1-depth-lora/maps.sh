@@ -6,7 +6,7 @@ set -euo pipefail
 here=docs/results/2026-12-07d-h100-flux1-depth-lora
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/runs/checkpointing" "$tmp/runs/depth_lora"
-tar xJf docs/results/2026-12-07-h100-flux1-checkpointing/runs.tar.xz -C "$tmp/runs/checkpointing"
+tar xJf docs/archive/2026-12-07-h100-flux1-checkpointing/runs.tar.xz -C "$tmp/runs/checkpointing"
 tar xJf $here/runs.tar.xz -C "$tmp/runs/depth_lora"
 py=${PYTHON:-.venv/bin/python}
 $py scripts/plan.py --config configs/flux1.yaml --memory-gib 80 --measured "$tmp/runs" --output "$tmp/flux1" \
