@@ -74,10 +74,10 @@ def test_checkpointing_is_a_plan_axis_that_the_memory_estimate_prunes_by():
 
 
 def test_lora_keeps_the_frozen_base_alone_so_flux1_fits_one_gpu():
-    """Flux.1 at 4608 tokens, one sample: full fine-tuning's weights, gradients, AdamW moments and DDP buckets
-    (5 x 2 bytes x 11.9 B) cannot fit 80 GiB on one GPU; with LoRA (rank 64 on attention) the base is kept once,
-    without gradients or moments, and the adapters' share is small: the W=1 plan fits, and under FSDP over 8 the base
-    is sharded too."""
+    """Flux.1 at 4608 tokens, one sample: full fine-tuning's weights, gradients and AdamW moments (4 x 2 bytes x
+    11.9 B; one rank alone trains without DDP's buckets) cannot fit 80 GiB on one GPU; with LoRA (rank 64 on
+    attention) the base is kept once, without gradients or moments, and the adapters' share is small: the W=1 plan
+    fits, and under FSDP over 8 the base is sharded too."""
     from flux_cp.lora import adapter_params
 
     def plans(*lora, world=1, weights=("ddp",)):
@@ -91,7 +91,7 @@ def test_lora_keeps_the_frozen_base_alone_so_flux1_fits_one_gpu():
     assert n_a == 74_711_040  # rank 64 on Flux.1's fused attention projections (unfused, as diffusers: ~105 M)
     # the frozen linears keep no inputs for weight gradients: 12.5 units of activations a token a block, not 19.4
     acts = (19.4 - 12.5) * 2 * 3072 * 4608 * (19 + 38)
-    assert full["ddp"].memory_gib - lora["ddp"].memory_gib == pytest.approx((5 * 2 * n - 2 * n - 5 * 2 * n_a + acts)
+    assert full["ddp"].memory_gib - lora["ddp"].memory_gib == pytest.approx((4 * 2 * n - 2 * n - 4 * 2 * n_a + acts)
                                                                             / 2**30)
     _, sharded = plans("--lora-rank", "64", world=8, weights=("ddp", "fsdp"))
     assert sharded["fsdp"].memory_gib < sharded["ddp"].memory_gib < 0.95 * 80
@@ -349,9 +349,10 @@ def test_the_memory_estimate_is_within_10_percent_of_flux1s_measured_peaks():
     assert oom.memory_gib > 80  # four samples a rank without checkpointing: out of memory on the H100, as measured
 
 def test_the_flux1_map_is_ranked_from_the_suites_runs(tmp_path, capsys):
-    """plan.py --measured over the H100 runs at Flux.1's depth (docs/archive 2026-12-07, docs/results 2026-12-07d): each plan takes
-    the run with its settings, nothing runs; one GPU holds no plan of the full fine-tune; at four samples a rank
-    FP8 (tensorwise) is the best plan, plain FSDP data parallelism; one sample of 65536 tokens over Ulysses x 8."""
+    """plan.py --measured over the H100 runs at Flux.1's depth (docs/archive 2026-12-07, docs/results 2026-12-07d):
+    each plan takes the run with its settings, nothing runs; one GPU holds no plan of the full fine-tune; at four
+    samples a rank FP8 (tensorwise) is the best plan, plain FSDP data parallelism; one sample of 65536 tokens over
+    Ulysses x 8."""
     import tarfile
 
     from flux_cp.plan.decision_map import load_map

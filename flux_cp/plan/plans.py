@@ -126,7 +126,10 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     if plan.cp == "tp":  # weights, gradients and state sharded by the group, DDP buckets over the few replicated
         weights = 4 * b * n / plan.cp_degree
     elif plan.weights == "ddp":
-        weights = frozen + 5 * b * trained  # + DDP's gradient buckets
+        # + DDP's gradient buckets, where DDP wraps: one rank alone trains unwrapped unless torch's CP needs its group
+        # (flux_cp/train/strategies.py, bare.py)
+        buckets = W > 1 or plan.cp == "torch"
+        weights = frozen + (5 if buckets else 4) * b * trained
     elif WEIGHT_SETTINGS[plan.weights]["weights"] == "zero2":  # zero2f too: where it gathers, not what it keeps
         weights = frozen + 2 * b * trained + 2 * b * trained / W  # parameters and gradient buckets whole; 1/W moments
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
