@@ -213,8 +213,10 @@ def _check_fsdp(run: RunConfig, model) -> None:
         if not 0 <= v <= blocks:
             raise ConfigError(f"{flag} {v}: a count of blocks in [0, {blocks}] (the model's {blocks} blocks)")
     if run.weights != "fsdp":
-        for flag, v in (*tuned.items(), ("--fsdp-reduce-dtype", run.fsdp_reduce_dtype)):
-            if v not in (0, "param"):
+        for flag, v in (*tuned.items(), ("--fsdp-reduce-dtype", run.fsdp_reduce_dtype),
+                        ("--fsdp-cpu-offload", run.fsdp_cpu_offload)):
+            if v not in (0, "param", False):
+                v = str(v).lower() if isinstance(v, bool) else v
                 raise ConfigError(f"{flag} {v}: tunes FSDP2, needs --weights fsdp (not {run.weights}; or drop {flag})")
 
 

@@ -103,6 +103,10 @@ class RunConfig:
     fsdp_prefetch: int = 0  # blocks whose all-gathers a block's forward (backward) issues ahead; 0: FSDP2's implicit 1
     fsdp_reshard_last: int = 0  # the last K blocks keep their gathered parameters from forward to backward
     fsdp_reduce_dtype: Literal["param", "fp32"] = "param"  # the gradients' reduce-scatter dtype (param: the run's)
+    # each rank's shards of the parameters, their gradients and AdamW's state kept in host memory (FSDP2's
+    # CPUOffloadPolicy): the GPU holds a block's gathered weights at a time and the activations; AdamW steps on the
+    # CPU. What lets Flux.1's full fine-tune (~89 GiB of weights and state) train on one 80 GB GPU
+    fsdp_cpu_offload: bool = False
     # --fp8 tensorwise under FSDP2: the weights cast to float8 on each shard and all-gathered in float8 (half the
     # bytes, no cast of the whole weight per linear), their scales from one all-reduce of amaxes after each optimizer
     # step (torchao's enable_fsdp_float8_all_gather + precompute_float8_dynamic_scale_for_fsdp: torchtitan's float8)
@@ -259,7 +263,7 @@ def config_from_summary(cfg: dict) -> BenchConfig:
 RUN_GROUPS = {
     "Parallelism": ("cp", "cp_degree", "weights", "zero_bucket_view", "grad_bucket_view", "zero2_gather",
                     "zero2_forward_share", "zero2_bucket_mb", "fsdp_prefetch", "fsdp_reshard_last", "fsdp_reduce_dtype",
-                    "fsdp_fp8_all_gather", "rotate", "ulysses_qkv", "ulysses_overlap",
+                    "fsdp_cpu_offload", "fsdp_fp8_all_gather", "rotate", "ulysses_qkv", "ulysses_overlap",
                     "sdpa_backend", "split_conditioning", "simulate_world", "simulate_rank"),
     "Harness": ("harness", "loader", "num_workers", "sigterm_every", "interleave_bare"),
     "Memory": ("checkpointing", "checkpoint_fraction"),  # not bookkeeping: recompute is step time
@@ -493,4 +497,5 @@ def run_name(cfg: BenchConfig, mode: str = "train") -> str:
         fsdp += "".join(f"-{k}{v}" for k, v in (("pf", run.fsdp_prefetch), ("rl", run.fsdp_reshard_last)) if v)
         fsdp += "-rs32" if run.fsdp_reduce_dtype == "fp32" else ""
         fsdp += "-ag8" if run.fsdp_fp8_all_gather else ""
+        fsdp += "-offload" if run.fsdp_cpu_offload else ""
     return f"{mode}-{w}{dp}-{run.cp}{fsdp}-s{cfg.data.seq_len}{compiled}{bare}"

@@ -60,8 +60,9 @@ def parser() -> Parser:
                    "the base frozen (0: full fine-tuning); its FLOPs, memory and collectives are LoRA's")
     p.add_argument("--lora-targets", default=None, help="LoRA's adapted linears (presets attention, mlp, or module "
                    "names; default attention)")
-    p.add_argument("--weights", default="ddp,zero2,zero2f,fsdp", help="weights modes, comma-separated (zero2f: ZeRO-2 "
-                   "gathering its parameters under the next forward)")
+    p.add_argument("--weights", default="ddp,zero2,zero2f,fsdp,fsdpoff", help="weights modes, comma-separated "
+                   "(zero2f: ZeRO-2 gathering its parameters under the next forward; fsdpoff: FSDP with its shards and "
+                   "AdamW state in host memory, planned only where fsdp, or at W = 1 ddp, does not fit)")
     p.add_argument("--only", default=None, metavar="PLAN,...", help="run only these plans (names as the table "
                    "gives them, e.g. dp8-zero2-eager; with --cells, each cell runs those it has); the others are "
                    "listed as left out")

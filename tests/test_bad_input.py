@@ -40,6 +40,7 @@ ROWS = [
     ("train_bench", ["--fsdp-prefetch", "2"], "--fsdp-prefetch 2: tunes FSDP2, needs --weights fsdp (not ddp"),
     ("train_bench", ["--weights", "fsdp", "--fsdp-reshard-last", "9"], "--fsdp-reshard-last 9: a count of blocks in"),
     ("train_bench", ["--fsdp-reduce-dtype", "fp32"], "--fsdp-reduce-dtype fp32: tunes FSDP2, needs --weights fsdp"),
+    ("train_bench", ["--fsdp-cpu-offload", "true"], "--fsdp-cpu-offload true: tunes FSDP2, needs --weights fsdp"),
     ("train_bench", ["--fp8", "rowwise"], "--fp8 rowwise: float8 GEMMs need a GPU with FP8 tensor cores"),
     ("train_bench", ["--fsdp-fp8-all-gather", "true"], "--fsdp-fp8-all-gather true: gathers the float8 linears'"),
     ("train_bench", ["--lora-rank", "-1"], "--lora-rank -1: the adapters' rank, >= 1 (0: full fine-tuning"),

@@ -79,3 +79,48 @@ def test_prefetch_names_the_next_blocks_and_reshard_last_the_last_ones():
     finally:
         if created:
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("args", [
+    ("--cp", "allgather-kv"),
+    ("--cp", "ulysses", "--checkpointing", "full", "--harness", "bare"),
+], ids=["agkv-lightning", "ulysses-full-bare"])
+def test_cpu_offloaded_fsdp_ranks_train_as_one_process(single_process, tmp_path, args):
+    """--fsdp-cpu-offload (FSDP2's CPUOffloadPolicy: shards, gradients and AdamW's state in host memory, AdamW stepping
+    there): exact in fp64 against one process over 10 steps on real gloo ranks, in both harnesses. On a CPU the copies
+    up and down are no-ops; the policy's plumbing (every unit offloaded, the optimizer over the host shards, Lightning
+    leaving the shards where FSDP2 put them) is what runs."""
+    got = exact_run(tmp_path, "--devices", 2, "--weights", "fsdp", "--fsdp-cpu-offload", "true", *args)
+    assert got["summary"]["config"]["run"]["fsdp_cpu_offload"] is True
+    assert got["summary"]["run_name"].split("-s")[0].endswith("-offload")
+    assert_exact(got, single_process(1), rtol=1e-10)
+
+
+def test_cpu_offload_puts_every_unit_under_fsdp2s_policy():
+    """shard_weights with fsdp_cpu_offload: every block and the root offloaded (CPUOffloadPolicy, unpinned without
+    CUDA); without it, none."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from flux_cp.config import RunConfig, parse_config
+    from flux_cp.model import FluxDiT
+    from flux_cp.parallel.mesh import shard_weights
+
+    from .conftest import free_port
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        for offload in (True, False):
+            model = FluxDiT(parse_config(["--config", str(TINY)], cuda_available=False).model).double()
+            shard_weights(model, init_device_mesh("cpu", (dist.get_world_size(),)), RunConfig(fsdp_cpu_offload=offload))
+            units = [*model.double_blocks, *model.single_blocks, model]
+            groups = [u._get_fsdp_state()._fsdp_param_group for u in units]
+            assert [g.offload_policy.__class__ is CPUOffloadPolicy for g in groups] == [offload] * len(units)
+            assert all(not p.offload_to_cpu or p.pin_memory is False for g in groups for p in g.fsdp_params)
+    finally:
+        if created:
+            dist.destroy_process_group()
+

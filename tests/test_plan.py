@@ -379,3 +379,33 @@ def test_the_flux1_map_is_ranked_from_the_suites_runs(tmp_path, capsys):
     rc, out, err = _plan_in_process(capsys, "--cells", "4608:1:1", "--measured", tmp_path / "nowhere")
     assert rc == 2 and err.strip() == f"plan.py: error: --measured {tmp_path / 'nowhere'}: not a folder (give " \
         "folders holding runs' summary.json)"
+
+
+def test_offloading_fsdp_is_planned_only_where_nothing_else_fits():
+    """fsdpoff (--weights fsdp --fsdp-cpu-offload): Flux.1's full fine-tune on one GPU fits only so, its ~89 GiB of
+    weights, gradients and AdamW state in host memory; ~100k tokens (98304) with full checkpointing too. Where fsdp
+    (or at W = 1 ddp) fits, the offloading twin is left out with the reason; a block's parameters from its shapes
+    equal the model's own count."""
+    import torch
+
+    from flux_cp.model import FluxDiT, num_params
+    from flux_cp.plan.plans import block_params, host_gib
+
+    cfg = parse_config(["--config", str(ROOT / "configs" / "flux1.yaml")], cuda_available=True)
+    n = count_params(cfg)
+    with torch.device("meta"):
+        model = FluxDiT(cfg.model)
+    assert block_params(cfg)[0] == pytest.approx(num_params(model.double_blocks[0]), rel=1e-3)
+
+    def plans(seq_len, world, ac):
+        return {p.weights: p for p in enumerate_plans(cfg, seq_len=seq_len, global_batch=world, world=world,
+                                                       cps=("none",), builds=("compiled",), checkpointing=(ac,),
+                                                       memory_gib_limit=80)}
+    for seq_len, ac in ((4608, "none"), (98304, "full")):
+        one = plans(seq_len, 1, ac)
+        assert one["ddp"].pruned.startswith("does not fit") and one["fsdpoff"].pruned is None
+        assert one["fsdpoff"].settings["fsdp_cpu_offload"] and one["fsdpoff"].memory_gib < 0.95 * 80
+        assert host_gib(cfg, n, one["fsdpoff"]) == pytest.approx(4 * 2 * n / 2**30)  # params, grads, 2 moments
+    eight = plans(4608, 8, "selective")
+    assert eight["fsdp"].pruned is None
+    assert eight["fsdpoff"].pruned == "fsdp fits: offloading would only add host copies and a CPU optimizer step"

@@ -42,19 +42,21 @@ def shard_weights(model: nn.Module, mesh, run) -> None:
       with them: no second all-gather; K blocks' parameters whole meanwhile; torchtitan leaves the last one so)
     - fsdp_prefetch N: each block's forward explicitly prefetches the next N blocks' all-gathers, its backward the
       previous N (FSDP2's implicit prefetch is one block, issued when the block before starts)
-    - fsdp_reduce_dtype fp32: gradients reduce-scattered in fp32 (bf16 sums lose bits over many ranks; 2x bytes)"""
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    except ImportError:  # torch < 2.6 kept it under _composable
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    - fsdp_reduce_dtype fp32: gradients reduce-scattered in fp32 (bf16 sums lose bits over many ranks; 2x bytes)
+    - fsdp_cpu_offload: the shards, their gradients and so AdamW's state in host memory (pinned on a GPU): each
+      all-gather copies its shard up first, each reduce-scatter its result down"""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     reshard_last = run.fsdp_reshard_last
     reduce = {"param": None, "fp32": torch.float32}[run.fsdp_reduce_dtype]
     policy = MixedPrecisionPolicy(reduce_dtype=reduce)  # param_dtype None: the run's precision casts the weights
+    pinned = mesh.device_type == "cuda"  # pinned host memory: the copies up and down run asynchronously
+    offload = CPUOffloadPolicy(pin_memory=pinned) if run.fsdp_cpu_offload else OffloadPolicy()
     blocks = [*model.double_blocks, *model.single_blocks]
     for i, blk in enumerate(blocks):
-        fully_shard(blk, mesh=mesh, reshard_after_forward=i < len(blocks) - reshard_last, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(blk, mesh=mesh, reshard_after_forward=i < len(blocks) - reshard_last, mp_policy=policy,
+                    offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)
     prefetch = run.fsdp_prefetch
     if prefetch:
         for i, blk in enumerate(blocks):
@@ -67,7 +69,9 @@ def shard_weights(model: nn.Module, mesh, run) -> None:
 def build_optimizer(model: nn.Module, run, device: torch.device) -> torch.optim.Optimizer:
     """AdamW over what this rank updates: every trainable parameter (ddp, fsdp: its shards), or its ZeRO share
     (zero)."""
-    fused = device.type == "cuda"  # one kernel per parameter group on CUDA, so the step is not host bound
+    # one kernel per parameter group (CUDA's, or the CPU's where FSDP keeps the shards on the host), so the step is not
+    # host bound
+    fused = device.type == "cuda" or run.fsdp_cpu_offload
     # --step-graph: the step count on the device, so that a replayed step advances it (flux_cp/train/step_graph.py)
     capturable = {"capturable": True} if run.step_graph else {}
     params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters alone

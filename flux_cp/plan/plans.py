@@ -6,7 +6,8 @@ W GPUs on B samples, and why each one left out is left out.
 
 A plan: W = dp x cp (dp data-parallel groups, each of cp ranks sharing its samples' tokens or weights); within a group
 `cp` in none (cp = 1: plain data parallelism, the baseline to beat), torch (ring), allgather-kv, ulysses, tp;
-weights kept in sync by ddp, zero2 (zero2f: its gathers under the next forward) or fsdp; eager, compiled per block
+weights kept in sync by ddp, zero2 (zero2f: its gathers under the next forward) or fsdp (fsdpoff: its shards, gradients
+and AdamW state in host memory, planned only where fsdp does not fit, W = 1 included); eager, compiled per block
 (GPU), or compiled per block with the whole step replayed from one CUDA graph (graph; GPU). Each data-parallel
 group trains B / dp samples a step.
 A plan is pruned, with its reason, where the settings are refused (checks.resolve: the same one-line errors a run
@@ -22,12 +23,13 @@ from flux_cp.checks import resolve, split_seq_len
 from flux_cp.config import BenchConfig, ConfigError
 
 CP_KINDS = ("none", "torch", "allgather-kv", "ulysses", "tp")
-WEIGHTS = ("ddp", "zero2", "zero2f", "fsdp")
+WEIGHTS = ("ddp", "zero2", "zero2f", "fsdp", "fsdpoff")
 # zero2f: ZeRO-2 with each bucket's parameter all-gather under the next step's forward (--zero2-gather forward, as
 # FSDP prefetches), not under the backward that reduced it: where a short (compiled, graphed) backward cannot hide
 # both the reduce-scatters and the gathers
 WEIGHT_SETTINGS = {"ddp": {"weights": "ddp"}, "zero2": {"weights": "zero2"},
-                   "zero2f": {"weights": "zero2", "zero2_gather": "forward"}, "fsdp": {"weights": "fsdp"}}
+                   "zero2f": {"weights": "zero2", "zero2_gather": "forward"}, "fsdp": {"weights": "fsdp"},
+                   "fsdpoff": {"weights": "fsdp", "fsdp_cpu_offload": True}}
 # compiled: per block, no step graph (FSDP2's hooks and torchao's FP8 keep a step out of one graph: Flux.1's best plans)
 BUILDS = {"eager": {}, "compiled": {"compile": True}, "graph": {"compile": True, "step_graph": True}}
 GRAPH_WARMUP = 12  # the step graph captures at the last warm-up step, after compiling (checks._check_step_graph)
@@ -132,6 +134,11 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         weights = frozen + (5 if buckets else 4) * b * trained
     elif WEIGHT_SETTINGS[plan.weights]["weights"] == "zero2":  # zero2f too: where it gathers, not what it keeps
         weights = frozen + 2 * b * trained + 2 * b * trained / W  # parameters and gradient buckets whole; 1/W moments
+    elif cfg.run.fsdp_cpu_offload:  # fsdpoff: the shards in host memory (host_gib); on the GPU the root's parameters
+        # (FSDP2 keeps the root gathered), the gathered block with those prefetched, and one block's whole gradients
+        # before their reduce-scatter
+        block, root = block_params(cfg)
+        weights = b * (root + (2 + max(1, cfg.run.fsdp_prefetch)) * block)
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
         weights = (frozen + 4 * b * trained) / W
         # --fsdp-reshard-last k: the last k blocks' parameters kept whole from their forward to the backward (the
@@ -157,6 +164,37 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     return (weights + acts) / 2**30
 
 
+def block_params(cfg: BenchConfig) -> tuple[int, int]:
+    """(the largest block's parameters, the root's: the embedders, the final norm and projection), from the model's
+    shapes: a double block's two streams each carry q, k, v, out, the MLP and a 6-way modulation, (10 + 2r) h^2 with
+    MLP ratio r; a single block its fused q, k, v and MLP in, the projection out and a 3-way modulation, (7 + 2r) h^2
+    (biases left out: < 0.1%)."""
+    import torch
+
+    from flux_cp.model import FluxDiT, num_params
+
+    m, h = cfg.model, cfg.model.hidden
+    r = m.mlp_ratio
+    double, single = 2 * (10 + 2 * r) * h * h, (7 + 2 * r) * h * h
+    with torch.device("meta"):
+        root = num_params(FluxDiT(m)) - m.double_blocks * double - m.single_blocks * single
+    return int(double if m.double_blocks else single), max(0, int(root))
+
+
+def host_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
+    """A rank's host memory under fsdpoff: its shards of the parameters and gradients (pinned) and AdamW's two
+    moments, in the parameters' dtype (0 for the other weights modes)."""
+    if not WEIGHT_SETTINGS[plan.weights].get("fsdp_cpu_offload"):
+        return 0.0
+    trained = params
+    if cfg.run.lora_rank:
+        from flux_cp.lora import adapter_params
+
+        trained = adapter_params(cfg.model, cfg.run.lora_targets, cfg.run.lora_rank)
+    b = BYTES[cfg.run.precision]
+    return (b * (params - trained) + 4 * b * trained) / plan.world / 2**30
+
+
 def run_memory_gib(summary: dict) -> float:
     """The estimate for the plan a run's summary.json ran (its own settings: tools/memory_check.py, the tests)."""
     from flux_cp.config import config_from_summary
@@ -164,7 +202,7 @@ def run_memory_gib(summary: dict) -> float:
     cfg = config_from_summary(summary["config"])
     run = cfg.run
     world = summary.get("simulate_world") or summary["world_size"]
-    plan = Plan(world // run.cp_degree, run.cp_degree, run.cp, run.weights,
+    plan = Plan(world // run.cp_degree, run.cp_degree, run.cp, "fsdpoff" if run.fsdp_cpu_offload else run.weights,
                 "graph" if run.step_graph else "compiled" if run.compile else "eager",
                 checkpointing=run.checkpointing, fp8=run.fp8 + ("-ag8" if run.fsdp_fp8_all_gather else ""))
     return memory_gib(cfg, summary["params"], plan)
@@ -193,7 +231,7 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
             if (cp == "none") != (c == 1):  # (torch's ring on a CPU: left out by its check, with the reason)
                 continue
             for w in weights:
-                if world == 1 and w != "ddp":  # one rank: nothing to shard, nothing to sync
+                if world == 1 and w not in ("ddp", "fsdpoff"):  # one rank: nothing to shard or sync (but to offload)
                     continue
                 for build, ac, f8 in ((b, a, f) for b in builds for a in checkpointing for f in fp8):
                     p = Plan(world // c, c, cp, w, build, checkpointing=ac, fp8=f8)
@@ -210,6 +248,12 @@ def enumerate_plans(cfg: BenchConfig, seq_len: int, global_batch: int, world: in
                         if memory_gib_limit is not None and p.memory_gib > HEADROOM * memory_gib_limit:
                             _accumulate(cfg, p, params, resolved.data.batch_size, HEADROOM * memory_gib_limit, on_gpu)
                     out.append(p)
+    # offloading only where its twin (fsdp; one GPU: ddp) does not fit: else it only adds host copies and a CPU step
+    twin = "ddp" if world == 1 else "fsdp"
+    fits = {(p.dp, p.cp, p.build, p.checkpointing, p.fp8) for p in out if p.weights == twin and p.pruned is None}
+    for p in out:
+        if p.weights == "fsdpoff" and p.pruned is None and (p.dp, p.cp, p.build, p.checkpointing, p.fp8) in fits:
+            p.pruned = f"{twin} fits: offloading would only add host copies and a CPU optimizer step"
     return out
 
 
@@ -221,7 +265,7 @@ def unlisted(world: int, cps=CP_KINDS, weights=WEIGHTS) -> dict[str, list[str]]:
     out = {}
     if cp := [f"--cp {c}" for c in cps if c != "none"]:
         out["one GPU: no group of ranks to share a sample's tokens (W >= 2)"] = cp
-    if w := [f"--weights {x}" for x in weights if x != "ddp"]:
+    if w := [f"--weights {x}" for x in weights if x not in ("ddp", "fsdpoff")]:
         out["one GPU: no other rank to shard the weights over or sync them with (W >= 2)"] = w
     return out
 

@@ -89,7 +89,16 @@ class _Simulable:
 
 
 class ModelParallel(_KeepOnDevice, _Simulable, ModelParallelStrategy):
-    pass
+    """Lightning's FSDP2 strategy; with --fsdp-cpu-offload the model stays where FSDP2 put it: the shards in host
+    memory (CPUOffloadPolicy refuses parameters moved to the GPU), its buffers already on the GPU."""
+
+    def __init__(self, *args, cpu_offload: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cpu_offload = cpu_offload
+
+    def model_to_device(self) -> None:
+        if not self._cpu_offload:
+            super().model_to_device()
 
 
 class DDPWithHook(_KeepOnDevice, _Simulable, DDPStrategy):
@@ -131,7 +140,7 @@ def lightning_strategy(run):
         backend = "fake"
     if run.weights not in DDP_WEIGHTS:  # no DDP wrapper; a process group even at world size 1
         return ModelParallel(data_parallel_size=run.world_size, tensor_parallel_size=1,
-                                     process_group_backend=backend, timeout=timeout)
+                             process_group_backend=backend, timeout=timeout, cpu_offload=run.fsdp_cpu_offload)
     # torch's CP needs a process group (its device mesh) even at world size 1
     if run.world_size > 1 or run.cp == "torch":
         return DDPWithHook(process_group_backend=backend, timeout=timeout, step_graph=run.step_graph,
