@@ -79,7 +79,7 @@ ROWS = [
     ("plan", ["--global-batch", "2", "--world", "4", "--only", "dp4-ddp-eager"],
      "--only dp4-ddp-eager: left out in S144-B2-W4: --data.global_batch 2"),
     ("plan", ["--global-batch", "3", "--world", "2", "--cp", "none"],
-     "--seq-len 144 --global-batch 3 --world 2: none of its 4 plans can run (e.g. dp2-ddp-eager"),
+     "--seq-len 144 --global-batch 3 --world 2: none of its 5 plans can run (e.g. dp2-ddp-eager"),
     ("plan", ["--global-batch", "0", "--world", "2"], "--global-batch 0: must be >= 1"),
     ("plan", ["--cells", "144:2:2 144:2:2"], "--cells 144:2:2: named twice"),
     ("plan", ["--cells", "144:2:2", "--world", "2"], "--cells names each cell's S, B and W: drop"),

@@ -28,7 +28,9 @@ def test_every_plan_that_divides_and_why_the_others_do_not():
     assert kept == {f"dp{dp}x{cp}{c}-{w}-eager" for dp, c in ((1, 4), (2, 2)) for cp in ("allgather-kv", "ulysses")
                     for w in ("ddp", "zero2", "zero2f", "fsdp")} | {"dp1xtp4-ddp-eager", "dp2xtp2-ddp-eager"}
     why = {p.name: p.pruned for p in plans if p.pruned}
-    assert all("--data.global_batch 2" in why[f"dp4-{w}-eager"] for w in ("ddp", "zero2", "zero2f", "fsdp"))
+    assert all("--data.global_batch 2" in why[f"dp4-{w}-eager"] for w in ("ddp", "zero2", "zero2f", "fsdp", "fsdpoff"))
+    # where fsdp fits, its offloading twin is left out
+    assert why["dp2xulysses2-fsdpoff-eager"].startswith("fsdp fits: offloading")
     assert "--weights zero2 does not combine" in why["dp1xtp4-zero2-eager"]
     assert "--weights zero2 does not combine" in why["dp1xtp4-zero2f-eager"]
     # zero2f: ZeRO-2 with its gathers under the next forward
@@ -36,7 +38,7 @@ def test_every_plan_that_divides_and_why_the_others_do_not():
     assert "--weights zero2 --zero2-gather forward" in command(f, "configs/tiny.yaml")
     ring = [p for p in plans if p.cp == "torch"]  # CPU: no ring kernel to run, left out with the reason
     assert {p.name for p in ring} == {f"dp{dp}xtorch{c}-{w}-eager" for dp, c in ((1, 4), (2, 2))
-                                      for w in ("ddp", "zero2", "zero2f", "fsdp")}
+                                      for w in ("ddp", "zero2", "zero2f", "fsdp", "fsdpoff")}
     assert all(p.pruned.startswith("--cp torch: torch's context_parallel") and "CUDA" in p.pruned for p in ring)
 
 
@@ -227,7 +229,8 @@ def test_what_cannot_run_is_listed_with_its_reason(capsys, tmp_path):
         rc, _, err = _plan_in_process(capsys, "--config", TINY, "--global-batch", 2, "--world", 2, "--dry-run")
         text = " ".join(err.split())
         assert rc == 0 and ("left out dp1xtorch2-ddp-eager, dp1xtorch2-zero2-eager, dp1xtorch2-zero2f-eager, "
-                            "dp1xtorch2-fsdp-eager: --cp torch: torch's context_parallel") in text
+                            "dp1xtorch2-fsdp-eager, dp1xtorch2-fsdpoff-eager: --cp torch: torch's "
+                            "context_parallel") in text
     assert list(tmp_path.iterdir()) == []
 
 
