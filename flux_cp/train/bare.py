@@ -145,7 +145,9 @@ def _run(cfg: BenchConfig, report) -> int:
     _init_world(run)
     rank = run.simulate_rank if run.simulate_world else (dist.get_rank() if dist.is_initialized() else 0)
     dtype = DTYPES[run.precision]
-    model = build_model(cfg).to(device, dtype)  # fp32 init, then the run's precision (Lightning's plugin does the same)
+    # fp32 init, then the run's precision (Lightning's plugin does the same); FSDP2's CPU offload: cast on the host,
+    # and fully_shard moves a unit at a time to the GPU to shard it (Flux.1 whole would hold 22 GiB of it meanwhile)
+    model = build_model(cfg).to(None if run.fsdp_cpu_offload else device, dtype)
     mesh = build_mesh(device.type, run.dp, run.cp_degree)
     fwd, opt = wrap_for_training(model, run, device, *((mesh["cp"], mesh["dp"]) if mesh is not None else ()))
     timer = StepTimer(cuda=device.type == "cuda", enabled=False, ledger=ledger_for(run))  # one event pair per step
