@@ -226,7 +226,7 @@ def _cells(text: str) -> list[tuple[int, int, int]]:
 
 def _cell(a, plans, cell: str, W: int, out: Path, base, link, mem, cfg, cuda: bool, console) -> int:
     """One cell: what is left out and why, then its plans run in this process and ranked into out/plan.json."""
-    from flux_cp.plan.plans import to_sweep, unlisted
+    from flux_cp.plan.plans import count_params, host_gib, to_sweep, unlisted
 
     kept = [q for q in plans if q.pruned is None]
     console.rule(cell)
@@ -242,8 +242,10 @@ def _cell(a, plans, cell: str, W: int, out: Path, base, link, mem, cfg, cuda: bo
     for why, names in (reasons | left).items():  # each reason once, with the plans (or settings) it leaves out
         console.print(f"  left out {', '.join(names)}: {why}", highlight=False, soft_wrap=True)
     if a.dry_run:
-        for q in kept:
-            print(f"{q.name}: ~{q.memory_gib:.1f} GiB a rank estimated")
+        n = count_params(cfg) if any(q.weights == "fsdpoff" for q in kept) else 0
+        for q in kept:  # an offloading plan's host memory beside: the shards, gradients and AdamW state it moved there
+            host = f", ~{host_gib(cfg, n, q):.1f} GiB of host memory" if q.weights == "fsdpoff" else ""
+            print(f"{q.name}: ~{q.memory_gib:.1f} GiB a rank estimated{host}")
         return 0
     if a.measured is not None:
         return _finish(plans, left, out, link, mem, cfg, cell, console, _link_measured(a, plans, cfg, out, console))

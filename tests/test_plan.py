@@ -384,7 +384,7 @@ def test_the_flux1_map_is_ranked_from_the_suites_runs(tmp_path, capsys):
         "folders holding runs' summary.json)"
 
 
-def test_offloading_fsdp_is_planned_only_where_nothing_else_fits():
+def test_offloading_fsdp_is_planned_only_where_nothing_else_fits(capsys):
     """fsdpoff (--weights fsdp --fsdp-cpu-offload): Flux.1's full fine-tune on one GPU fits only so, its ~89 GiB of
     weights, gradients and AdamW state in host memory; ~100k tokens (98304) with full checkpointing too. Where fsdp
     (or at W = 1 ddp) fits, the offloading twin is left out with the reason; a block's parameters from its shapes
@@ -412,3 +412,8 @@ def test_offloading_fsdp_is_planned_only_where_nothing_else_fits():
     eight = plans(4608, 8, "selective")
     assert eight["fsdp"].pruned is None
     assert eight["fsdpoff"].pruned == "fsdp fits: offloading would only add host copies and a CPU optimizer step"
+    rc, out, _ = _plan_in_process(capsys, "--config", ROOT / "configs" / "flux1.yaml", "--seq-len", 98304,
+                                  "--global-batch", 1, "--world", 1, "--builds", "compiled", "--checkpointing", "full",
+                                  "--memory-gib", 80, "--dry-run")
+    assert rc == 0 and f"dp1-fsdpoff-compiled-acfull: ~{one['fsdpoff'].memory_gib:.1f} GiB a rank estimated, " \
+        f"~{4 * 2 * n / 2**30:.1f} GiB of host memory" in out
