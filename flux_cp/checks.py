@@ -227,6 +227,9 @@ def _check_fp8(run: RunConfig) -> None:
                           f"scale a tensor: needs --fp8 tensorwise --weights fsdp without LoRA (not --fp8 {run.fp8} "
                           f"--weights {run.weights}{' --lora-rank ' + str(run.lora_rank) if run.lora_rank else ''}; "
                           "or drop it)")
+    if run.fsdp_fp8_all_gather and run.fsdp_cpu_offload:
+        raise ConfigError("--fsdp-fp8-all-gather true: casts each weight on its shard, which --fsdp-cpu-offload keeps "
+                          "in host memory (the casts would run on the CPU): drop one of them")
     if run.fp8 == "none":
         return
     if run.accelerator != "gpu":

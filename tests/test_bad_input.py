@@ -43,6 +43,8 @@ ROWS = [
     ("train_bench", ["--fsdp-cpu-offload", "true"], "--fsdp-cpu-offload true: tunes FSDP2, needs --weights fsdp"),
     ("train_bench", ["--fp8", "rowwise"], "--fp8 rowwise: float8 GEMMs need a GPU with FP8 tensor cores"),
     ("train_bench", ["--fsdp-fp8-all-gather", "true"], "--fsdp-fp8-all-gather true: gathers the float8 linears'"),
+    ("train_bench", ["--weights", "fsdp", "--fp8", "tensorwise", "--fsdp-fp8-all-gather", "true", "--fsdp-cpu-offload",
+                     "true"], "--fsdp-fp8-all-gather true: casts each weight on its shard, which --fsdp-cpu-offload"),
     ("train_bench", ["--lora-rank", "-1"], "--lora-rank -1: the adapters' rank, >= 1 (0: full fine-tuning"),
     ("train_bench", ["--lora-rank", "4", "--lora-targets", "to_gate"], "--lora-targets to_gate: to_gate names none of"),
     ("train_bench", ["--lora-targets", "mlp"], "--lora-targets mlp: sets LoRA's adapters, needs --lora-rank"),
