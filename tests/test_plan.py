@@ -387,8 +387,7 @@ def test_the_flux1_map_is_ranked_from_the_suites_runs(tmp_path, capsys):
 def test_offloading_fsdp_is_planned_only_where_nothing_else_fits(capsys):
     """fsdpoff (--weights fsdp --fsdp-cpu-offload): Flux.1's full fine-tune on one GPU fits only so, its ~89 GiB of
     weights, gradients and AdamW state in host memory; ~100k tokens (98304) with full checkpointing too. Where fsdp
-    (or at W = 1 ddp) fits, the offloading twin is left out with the reason; a block's parameters from its shapes
-    equal the model's own count."""
+    (or at W = 1 ddp) fits, the offloading twin is left out with the reason; the largest block is a double block."""
     import torch
 
     from flux_cp.model import FluxDiT, num_params

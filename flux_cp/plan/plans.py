@@ -115,11 +115,8 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     b = BYTES[cfg.run.precision]
     n, W = params, plan.world
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
-    trained, frozen = n, 0
+    trained, frozen = _trained(cfg, n), 0
     if cfg.run.lora_rank:
-        from flux_cp.lora import adapter_params
-
-        trained = adapter_params(cfg.model, cfg.run.lora_targets, cfg.run.lora_rank)
         frozen = b * n
         if plan.fp8 != "none":  # the frozen base's float8 copies, W and W^T, a byte each (flux_cp/train/fp8.py)
             from flux_cp.train.fp8 import fp8_weights
@@ -134,9 +131,9 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         weights = frozen + (5 if buckets else 4) * b * trained
     elif WEIGHT_SETTINGS[plan.weights]["weights"] == "zero2":  # zero2f too: where it gathers, not what it keeps
         weights = frozen + 2 * b * trained + 2 * b * trained / W  # parameters and gradient buckets whole; 1/W moments
-    elif cfg.run.fsdp_cpu_offload:  # fsdpoff: the shards in host memory (host_gib); on the GPU the root's parameters
-        # (FSDP2 keeps the root gathered), the gathered block with those prefetched, and one block's whole gradients
-        # before their reduce-scatter
+    elif plan.weights == "fsdpoff":  # the shards in host memory (host_gib); on the GPU the root's parameters (FSDP2
+        # keeps the root gathered), the gathered block with those prefetched, and one block's whole gradients before
+        # their reduce-scatter
         block, root = block_params(cfg)
         weights = b * (root + (2 + max(1, cfg.run.fsdp_prefetch)) * block)
     else:  # fsdp: everything sharded, one block's parameters gathered at a time
@@ -164,33 +161,40 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     return (weights + acts) / 2**30
 
 
+_BLOCKS: dict[str, tuple[int, int]] = {}  # block_params by model config: a meta build per config, not per plan
+
+
 def block_params(cfg: BenchConfig) -> tuple[int, int]:
-    """(the largest block's parameters, the root's: the embedders, the final norm and projection), from the model's
-    shapes: a double block's two streams each carry q, k, v, out, the MLP and a 6-way modulation, (10 + 2r) h^2 with
-    MLP ratio r; a single block its fused q, k, v and MLP in, the projection out and a 3-way modulation, (7 + 2r) h^2
-    (biases left out: < 0.1%)."""
-    import torch
+    """(the largest block's parameters, the root's: the embedders, the final norm and projection), counted on the
+    meta device."""
+    key = repr(cfg.model)
+    if key not in _BLOCKS:
+        import torch
 
-    from flux_cp.model import FluxDiT, num_params
+        from flux_cp.model import FluxDiT, num_params
 
-    m, h = cfg.model, cfg.model.hidden
-    r = m.mlp_ratio
-    double, single = 2 * (10 + 2 * r) * h * h, (7 + 2 * r) * h * h
-    with torch.device("meta"):
-        root = num_params(FluxDiT(m)) - m.double_blocks * double - m.single_blocks * single
-    return int(double if m.double_blocks else single), max(0, int(root))
+        with torch.device("meta"):
+            model = FluxDiT(cfg.model)
+        blocks = [num_params(blk) for blk in (*model.double_blocks, *model.single_blocks)]
+        _BLOCKS[key] = (max(blocks, default=0), num_params(model) - sum(blocks))
+    return _BLOCKS[key]
+
+
+def _trained(cfg: BenchConfig, params: int) -> int:
+    """The parameters that train: all of them, or LoRA's adapters."""
+    if not cfg.run.lora_rank:
+        return params
+    from flux_cp.lora import adapter_params
+
+    return adapter_params(cfg.model, cfg.run.lora_targets, cfg.run.lora_rank)
 
 
 def host_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     """A rank's host memory under fsdpoff: its shards of the parameters and gradients (pinned) and AdamW's two
     moments, in the parameters' dtype (0 for the other weights modes)."""
-    if not WEIGHT_SETTINGS[plan.weights].get("fsdp_cpu_offload"):
+    if plan.weights != "fsdpoff":
         return 0.0
-    trained = params
-    if cfg.run.lora_rank:
-        from flux_cp.lora import adapter_params
-
-        trained = adapter_params(cfg.model, cfg.run.lora_targets, cfg.run.lora_rank)
+    trained = _trained(cfg, params)
     b = BYTES[cfg.run.precision]
     return (b * (params - trained) + 4 * b * trained) / plan.world / 2**30
 
