@@ -13,6 +13,7 @@ one optimizer step.
 """
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -59,7 +60,20 @@ def compile_model(model: FluxDiT, run) -> None:
     scope = [model] if run.compile_scope == "model" else [*model.double_blocks, *model.single_blocks]
     for m in scope:
         overlapped = run.ulysses_overlap and (m is model or m in model.single_blocks)
+        if run.fsdp_fp8_all_gather and m in model.single_blocks:
+            m.forward = _unaliased(m.forward)
         m.compile(**compile_options(run, overlapped))
+
+
+def _unaliased(forward):
+    """A single block's forward whose two outputs do not alias: diffusers returns two slices of one tensor, and
+    AOTAutograd (torch 2.11-2.13) refuses such outputs from a graph with tensor-subclass inputs (FSDP2's float8
+    all-gather weights). The text slice (St of S tokens) is copied."""
+    @functools.wraps(forward)
+    def wrapped(*args, **kwargs):
+        c, h = forward(*args, **kwargs)
+        return c.clone(), h
+    return wrapped
 
 
 def compile_options(run, overlapped: bool = False) -> dict:
