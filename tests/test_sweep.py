@@ -116,6 +116,26 @@ def test_in_process_sweep_leaves_a_process_whose_cuda_state_is_lost(tmp_path):
             assert second["status"] == "ok" and (Path(second["output"]) / "summary.json").is_file()
 
 
+def test_a_resumed_sweep_runs_each_run_in_its_own_process_after_a_cuda_fault(tmp_path):
+    """The sweep's process died of a CUDA fault after its run recorded it (H200 2026-12-07: cuDNN under LoRA, exit
+    134 in a CUDA event's destructor, before the sweep could switch): the next attempt (gpu_session.sh resumes once)
+    runs every run left in its own process, the faulted one included, and completes; an ordinary failure recorded
+    keeps the runs in the sweep's process."""
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"name: t\nconfig: {TINY}\ntimeout_s: 60\nbase: {{wandb_mode: disabled, steps: 2, devices: 1}}\n"
+                   "axes:\n  harness: [bare, lightning]\n")
+    for error, own_processes in (("AcceleratorError: CUDA error: an illegal memory access was encountered", True),
+                                 ("ValueError: an ordinary failure", False)):
+        sweep = load_sweep(cfg, str(tmp_path / str(own_processes)), cuda_available=False, gpu_count=0)
+        sweep.runs[0].output.mkdir(parents=True)
+        (sweep.runs[0].output / "summary.json").write_text(json.dumps({"complete": False, "error": error}))
+        calls = []
+        runner = Runner(sweep, in_process=calls.append)
+        assert (runner.in_process is None) == own_processes
+        if own_processes:
+            assert runner.run() == 0 and not calls and all(r["status"] == "ok" for r in runner.records)
+
+
 @pytest.mark.slow  # sweeps of real runs: the slow set (make test-slow, CI)
 def test_in_process_sweep_trains_as_separate_processes(tmp_path):
     """--in-process: every run in the sweep's own process (imports once): the same losses as one process per run,

@@ -45,6 +45,12 @@ def is_complete(out: Path) -> bool:
     return bool(s and s.get("complete"))
 
 
+def _cuda_fault(out: Path) -> bool:
+    """The run's summary.json records a failure of CUDA's (CUDA_STATE_LOST), which may have taken its process."""
+    s = read_summary(out)
+    return bool(s and not s.get("complete") and CUDA_STATE_LOST.search(s.get("error") or ""))
+
+
 def _error_line(summary: dict | None, log: Path) -> str | None:
     if summary and summary.get("error"):
         return summary["error"]
@@ -97,6 +103,10 @@ class Runner:
         if self.index_path.is_file():
             prior = {r["name"]: r for r in json.loads(self.index_path.read_text()).get("runs", [])}
         self.records = [self._record(r, prior.get(r.name)) for r in sweep.runs]
+        if in_process is not None and any(_cuda_fault(r.output) for r in sweep.runs):
+            # an earlier attempt's run faulted on CUDA and its process died before switching (H200 2026-12-07: cuDNN
+            # under LoRA aborted in a CUDA event's destructor): this attempt runs each run in its own process
+            self.in_process = None
         # a slice (--only) keeps what earlier invocations recorded of the runs it leaves out: one index per folder
         chosen = {r.name for r in sweep.runs}
         self.kept = [r for name, r in prior.items() if name not in chosen] if sweep.only else []
