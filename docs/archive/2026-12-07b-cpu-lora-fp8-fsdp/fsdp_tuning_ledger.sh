@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FSDP2's tuning seen in the ledger: rank 0 of 2 (plain data parallelism, the tiny model in bf16, 4 blocks + root),
-# the collectives of a typical step for each setting.  Run: bash docs/results/2026-12-07b-cpu-lora-fp8-fsdp/fsdp_tuning_ledger.sh
+# the collectives of a typical step for each setting.  Run: bash docs/archive/2026-12-07b-cpu-lora-fp8-fsdp/fsdp_tuning_ledger.sh
 set -e
 for extra in "" "--fsdp-reshard-last 2" "--fsdp-reshard-last 4" "--fsdp-prefetch 2" "--fsdp-reduce-dtype fp32" "--lora-rank 4"; do
   out=$(mktemp -d)

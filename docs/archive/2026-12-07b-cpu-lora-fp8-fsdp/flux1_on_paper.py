@@ -1,6 +1,6 @@
 # Flux.1 (19 + 38 blocks, 4608 tokens) with LoRA, on paper: training FLOPs a sample (counted as autograd runs them)
 # against full fine-tuning's, the adapters' size, and the planner's memory estimate of a rank (80 GiB device).
-# Run: python docs/results/2026-12-07b-cpu-lora-fp8-fsdp/flux1_on_paper.py
+# Run: python docs/archive/2026-12-07b-cpu-lora-fp8-fsdp/flux1_on_paper.py
 from flux_cp.config import parse_config
 from flux_cp.lora import adapter_params
 from flux_cp.measure.flops import lora_train_flops, model_flops

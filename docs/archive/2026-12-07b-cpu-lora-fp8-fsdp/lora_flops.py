@@ -1,7 +1,7 @@
 # LoRA training FLOPs (flux_cp.measure.flops.lora_train_flops) against torch's FlopCounterMode over one forward and
 # backward of the tiny model with its LoRA adapters (flux_cp's, bit-equal to peft's: tests/test_lora.py, make
 # test-peft), attention by the math kernel, whose matmuls the counter sees.
-# Run: python docs/results/2026-12-07b-cpu-lora-fp8-fsdp/lora_flops.py
+# Run: python docs/archive/2026-12-07b-cpu-lora-fp8-fsdp/lora_flops.py
 # Columns: targets (None: full fine-tuning, 3 x forward), fused q/k/v, counted, ours, relative error.
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -1,7 +1,7 @@
 # Flux.1's FSDP collectives (the H100 runs of 2026-12-07 [P], each summary's ledger) priced on NVLink4 as FSDP2 runs
 # them (predict.step_model.place_fsdp: a unit's all-gather waited for where the unit starts, reduce-scatters at the
 # end of the backward) against the earlier pricing, which took them as blocking (every byte exposed).
-# Run: python docs/results/2026-12-07b-cpu-lora-fp8-fsdp/fsdp_placement.py
+# Run: python docs/archive/2026-12-07b-cpu-lora-fp8-fsdp/fsdp_placement.py
 import json
 import tarfile
 from pathlib import Path
