@@ -2,6 +2,7 @@ import atexit
 import contextlib
 import fcntl
 import functools
+import json
 import os
 import socket
 import subprocess
@@ -190,3 +191,22 @@ def single_process(tmp_path_factory):
         return cache[batch_size]
 
     return get
+
+
+def write(path, d):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(d if isinstance(d, str) else json.dumps(d))
+
+
+@pytest.fixture(scope="session")
+def train_runs(tmp_path_factory):
+    """Three real CPU runs, made once a test worker (the report's tests read them): W=1 (--cp none), W=2
+    (allgather-kv), and W=2 simulated in one process."""
+    base = tmp_path_factory.mktemp("train")
+    out = {}
+    for name, args in ((1, ["--devices", 1, "--cp", "none"]), (2, ["--devices", 2, "--cp", "allgather-kv"]),
+                       ("sim", ["--devices", 1, "--cp", "allgather-kv", "--simulate-world", 2])):
+        r = bench(*args, "--wandb-mode", "disabled", "--group", "rpt", "--output", base / f"w{name}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[name] = base / f"w{name}" / "summary.json"
+    return out
