@@ -50,6 +50,9 @@ def env_info(device=None) -> dict:
         "lightning": pkg("lightning"),
         "diffusers": pkg("diffusers"),
         "cuda": torch.version.cuda,
+        # cuDNN's attention has faulted under LoRA (2026-12-07c, g) and its fixes ship by cuDNN release: say which ran
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        "torchao": pkg("torchao"),  # --fp8's float8 training
         "python": platform.python_version(),
         "device": name,
         "hostname": socket.gethostname(),
