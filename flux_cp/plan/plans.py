@@ -116,6 +116,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     n, W = params, plan.world
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
     trained, frozen = _trained(cfg, n), 0
+    grads_with_acts = True  # gradients held while the activations are: in DDP's buckets, or sharded beside them
     if cfg.run.lora_rank:
         frozen = b * n
         if plan.fp8 != "none":  # the frozen base's float8 copies, W and W^T, a byte each (flux_cp/train/fp8.py)
@@ -128,7 +129,8 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         # + DDP's gradient buckets, where DDP wraps: one rank alone trains unwrapped unless torch's CP needs its group
         # (flux_cp/train/strategies.py, bare.py)
         buckets = W > 1 or plan.cp == "torch"
-        weights = frozen + (5 if buckets else 4) * b * trained
+        weights = frozen + (5 if buckets else 3) * b * trained
+        grads_with_acts = buckets  # unwrapped, the gradients (None after each step) fill as the activations free
     elif WEIGHT_SETTINGS[plan.weights]["weights"] == "zero2":  # zero2f too: where it gathers, not what it keeps
         weights = frozen + 2 * b * trained + 2 * b * trained / W  # parameters and gradient buckets whole; 1/W moments
     elif plan.weights == "fsdpoff":  # the shards in host memory (host_gib); on the GPU the root's parameters (FSDP2
@@ -158,6 +160,8 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         # gradient reads them all): a double block gathers twice (attention, MLP), a single block once
         gathered = 2 * cfg.model.double_blocks + cfg.model.single_blocks
         acts += gathered * b * cfg.model.hidden * tokens
+    if not grads_with_acts:  # the backward's peak: the activations still held and the gradients made so far
+        acts = max(acts, b * trained)
     return (weights + acts) / 2**30
 
 
