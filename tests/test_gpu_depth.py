@@ -68,8 +68,10 @@ def test_fsdp_fp8_all_gather_trains_as_without_it_and_gathers_a_byte_a_weight(tm
     """--fsdp-fp8-all-gather (torchao's float8 all-gather, its scales precomputed after each optimizer step):
     - one real GPU, FSDP2 over a group of one, tensorwise FP8: 50 steps within 0.5% (mean of the last 10) and 1%
       (every step) of the same run without it: the same float8 weights, cast before the gather instead of after;
-    - rank 0 of 8 over the fake group: the all-gathers carry a byte, not two, of every converted linear's weight,
-      twice a step (the forward's gather, and the backward's after resharding; within 1%: FSDP2 pads shards)."""
+    - rank 0 of 8 over the fake group, compiled per block (AOTAutograd refused the single blocks' aliasing outputs
+      with float8 weights on the H200, 2026-12-07g): the all-gathers carry a byte, not two, of every converted
+      linear's weight, twice a step (the forward's gather, and the backward's after resharding; within 1%: FSDP2
+      pads shards)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("needs an FP8 GPU (H100 or newer)")
     from flux_cp.config import parse_config
@@ -85,7 +87,7 @@ def test_fsdp_fp8_all_gather_trains_as_without_it_and_gathers_a_byte_a_weight(tm
     print(f"float8 all-gather: last-10 mean loss {mean:.3%} from without, largest step {step:.3%}")
     assert len(got) == len(ref) == 50 and mean <= 0.005 and step <= 0.01, (mean, step)
     sim = ("--simulate-world", 8, "--cp-degree", 1, "--data.global_batch", 8, "--warmup-steps", 1, "--steps", 3,
-           "--regions-every", 1)
+           "--regions-every", 1, "--compile", "true")
     plain, ag8 = (_run(tmp_path / n, *args, *sim, *x)["comm"]["per_step"]
                   for n, x in (("w8", ()), ("w8-ag8", ("--fsdp-fp8-all-gather", "true"))))
     converted = sum(lin.fan_in * lin.fan_out for lin in fp8_linears(parse_config(["--config", str(FLUX)],
