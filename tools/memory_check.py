@@ -16,7 +16,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from flux_cp.plan.plans import run_memory_gib
+from flux_cp.config import config_from_summary
+from flux_cp.plan.plans import run_memory_gib, weights_mode
 
 
 def _summaries(paths: list[str], tar: str | None):
@@ -47,8 +48,8 @@ def main(argv=None) -> int:
         est = run_memory_gib(d)
         errors.append(est / peak - 1)
         run = c["run"]
-        weights = "fsdpoff" if run.get("fsdp_cpu_offload") else run["weights"]  # the planner's name for the offload
-        plan = f"{weights} {run['cp']}x{run['cp_degree']} W={d.get('simulate_world') or d['world_size']}"
+        plan = f"{weights_mode(config_from_summary(c).run)} {run['cp']}x{run['cp_degree']} " \
+               f"W={d.get('simulate_world') or d['world_size']}"
         table.add_row(name, f"{c['model']['double_blocks']}+{c['model']['single_blocks']}", str(d["tokens_per_rank"]),
                       str(c["data"]["batch_size"]), plan, run.get("checkpointing", "none"), run.get("fp8", "none"),
                       str(run.get("lora_rank") or "-"), f"{peak:.1f}", f"{est:.1f}", f"{est / peak - 1:+.1%}")

@@ -203,6 +203,11 @@ def host_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
     return (b * (params - trained) + 4 * b * trained) / plan.world / 2**30
 
 
+def weights_mode(run) -> str:
+    """The planner's name for a run's weights settings (WEIGHT_SETTINGS read backwards: the most specific first)."""
+    return next(m for m, s in reversed(WEIGHT_SETTINGS.items()) if all(getattr(run, k) == v for k, v in s.items()))
+
+
 def run_memory_gib(summary: dict) -> float:
     """The estimate for the plan a run's summary.json ran (its own settings: tools/memory_check.py, the tests)."""
     from flux_cp.config import config_from_summary
@@ -210,7 +215,7 @@ def run_memory_gib(summary: dict) -> float:
     cfg = config_from_summary(summary["config"])
     run = cfg.run
     world = summary.get("simulate_world") or summary["world_size"]
-    plan = Plan(world // run.cp_degree, run.cp_degree, run.cp, "fsdpoff" if run.fsdp_cpu_offload else run.weights,
+    plan = Plan(world // run.cp_degree, run.cp_degree, run.cp, weights_mode(run),
                 "graph" if run.step_graph else "compiled" if run.compile else "eager",
                 checkpointing=run.checkpointing, fp8=run.fp8 + ("-ag8" if run.fsdp_fp8_all_gather else ""))
     return memory_gib(cfg, summary["params"], plan)
