@@ -1,7 +1,7 @@
 # Flux.1 (19 + 38 blocks) on paper: for each cell (S tokens, B samples a step, W GPUs), the plans whose estimated peak
 # fits an 80 GB H100 (the planner's estimate, flux_cp/plan/plans.memory_gib, within 7.1% of the 13 measured Flux.1
 # peaks: tools/memory_check.py), full fine-tuning against LoRA (rank 64, attention), by checkpointing mode.
-# Run: python docs/results/2026-12-07c-h100-gpu-checks-tests/flux1_fits.py
+# Run: python docs/archive/2026-12-07c-h100-gpu-checks-tests/flux1_fits.py
 from flux_cp.config import parse_config
 from flux_cp.plan.plans import HEADROOM, count_params, enumerate_plans
 
