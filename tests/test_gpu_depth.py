@@ -86,7 +86,7 @@ def test_fsdp_fp8_all_gather_trains_as_without_it_and_gathers_a_byte_a_weight(tm
     mean = abs(sum(got[-10:]) - sum(ref[-10:])) / abs(sum(ref[-10:]))
     print(f"float8 all-gather: last-10 mean loss {mean:.3%} from without, largest step {step:.3%}")
     assert len(got) == len(ref) == 50 and mean <= 0.005 and step <= 0.01, (mean, step)
-    # flash named: cuDNN's attention faulted in this compiled step's backward (H100, docs/results/2026-12-07h-...)
+    # flash named: cuDNN's attention faulted in this compiled step's backward (2026-12-07h-h100-lora-cudnn-faults)
     sim = ("--simulate-world", 8, "--cp-degree", 1, "--data.global_batch", 8, "--warmup-steps", 2, "--steps", 3,
            "--regions-every", 1, "--compile", "true", "--sdpa-backend", "flash")
     plain, ag8 = (_run(tmp_path / n, *args, *sim, *x)["comm"]["per_step"]
