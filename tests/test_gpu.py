@@ -31,11 +31,11 @@ def pg():
     dist.destroy_process_group()
 
 
-def _fwd_bwd(model, strategy, batch, rope):
+def _fwd_bwd(model, strategy, batch, rope, run=None):  # run: the model, or the compiled model
     model.zero_grad(set_to_none=True)
     apply_cp(model, strategy)
     with strategy.step_context():
-        out = model(batch["x_t"], batch["text"], batch["pooled"], batch["t"], rope)
+        out = (run or model)(batch["x_t"], batch["text"], batch["pooled"], batch["t"], rope)
         loss = torch.nn.functional.mse_loss(out.float(), batch["target"].float())
         loss.backward()
     return out.detach().float(), {n: p.grad.float() for n, p in model.named_parameters()}
@@ -64,6 +64,32 @@ def test_torch_cp_world1_matches_none(pg, backend, rotate):
         scale = g.abs().max().clamp_min(1e-6)
         err = (grads[name] - g).abs().max() / scale
         assert err < 5e-2, f"{name}: grad differs by {err:.3g} of its max"
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_cudnn_gradients_are_flashs_where_the_blocks_q_k_v_strides_collide(compile_):
+    """q, k, v unfused (LoRA's default): the double and single blocks' q, k and v have the same strides and their dO
+    not, while torch keys cuDNN's cached backward graph on q, k, v alone (tools/check_cudnn_grad_layout.py). With dO
+    put in the output's strides (flux_cp.parallel.cp.sdpa), cuDNN's gradients are flash's to bf16 noise."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda", 0)
+    mcfg = ModelConfig(num_heads=4, head_dim=128, double_blocks=2, single_blocks=2, text_dim=256, pooled_dim=64,
+                       fuse_qkv=False)
+    dcfg = DataConfig(image_height=32, image_width=32, text_tokens=128)
+    torch.manual_seed(0)
+    model = FluxDiT(mcfg).to(dev, torch.bfloat16)
+    run = torch.compile(model) if compile_ else model
+    batch = {k: v.to(dev, torch.bfloat16) for k, v in make_batch(dcfg, mcfg, 0).items()}
+    rope = model.rope(text_ids(dcfg.text_tokens).to(dev), image_ids(32, 32).to(dev))
+    grads = {}
+    for backend in ("flash", "cudnn"):
+        torch._dynamo.reset()
+        _, grads[backend] = _fwd_bwd(model, make_strategy("none", 0, 1, dev, sdpa_backend=backend), batch, rope, run)
+    torch.cuda.synchronize()
+    for name, g in grads["flash"].items():
+        err = (grads["cudnn"][name] - g).abs().max() / g.abs().max().clamp_min(1e-6)
+        assert err < 5e-2, f"{name}: cuDNN's gradient differs from flash's by {err:.3g} of its max"
 
 
 def test_sync_debug_names_the_call_site(tmp_path):

@@ -4,7 +4,7 @@ import torch
 from flux_cp.config import DataConfig, ModelConfig
 from flux_cp.data import make_loader
 from flux_cp.model import FluxDiT, image_ids, text_ids
-from flux_cp.parallel.cp import shard, shard_joint, unshard_joint
+from flux_cp.parallel.cp import sdpa, shard, shard_joint, unshard_joint
 from flux_cp.parallel.registry import make_strategy
 
 
@@ -41,6 +41,23 @@ def test_sdpa_backend_pins():
     assert make_strategy("ulysses", 0, 1, cuda).sdpa_backend == "auto"
     assert make_strategy("allgather-kv", 0, 1, cuda, sdpa_backend="cudnn").sdpa_backend == "cudnn"
     assert make_strategy("allgather-kv", 0, 1, torch.device("cpu")).sdpa_backend == "auto"
+
+
+def test_sdpa_hands_its_backward_the_gradient_in_the_outputs_strides():
+    """Where cuDNN may run it, SDPA's backward gets dO in the output's strides (cuDNN's cached backward graph bakes in
+    dO's strides but is keyed without them), with the same values; elsewhere dO passes untouched (no copy)."""
+    q, k, v = (torch.randn(2, 6, 4, 3, dtype=torch.float64).transpose(1, 2).requires_grad_() for _ in range(3))
+    grads, strides = {}, {}
+    for remedy in (False, True):
+        out = sdpa(q, k, v, cudnn_possible=remedy)  # (B, H, S, D), BSHD in memory: strides (72, 3, 12, 1)
+        node = out.grad_fn.next_functions[0][0] if remedy else out.grad_fn  # SDPA's own backward
+        node.register_prehook(lambda g_out, r=remedy: strides.__setitem__(r, g_out[0].stride()))
+        mlp = torch.randn(2, 6, 8, dtype=torch.float64)
+        q.grad = None
+        torch.cat([out.transpose(1, 2).flatten(2), mlp], dim=2).pow(2).sum().backward()  # as Flux's single block
+        grads[remedy] = q.grad.clone()
+    assert strides == {False: (120, 3, 20, 1), True: (72, 3, 12, 1)}  # a slice of [attention, MLP] / the output's
+    assert torch.equal(grads[False], grads[True])
 
 
 def test_loader_workers_yield_the_same_batches_in_order():

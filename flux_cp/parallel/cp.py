@@ -158,6 +158,33 @@ def join_heads(x):  # (W, N, B, H/W, S_l, D), chunk r: head group r -> (N, B, H,
 # ---------------------------------------------------------------- strategies
 
 
+class _GradInOutputLayout(torch.autograd.Function):
+    """Identity whose backward hands SDPA the output's gradient in the output's own strides. torch (2.11-2.13) caches
+    cuDNN attention's backward graph keyed on q, k, v's strides alone, but the graph bakes in dO's: a later call with
+    the same q, k, v strides and a dO of other strides (Flux's single blocks take dO from a slice of [attn, mlp], its
+    double blocks a dense one) runs at the first call's dO strides: wrong gradients, or an illegal memory access
+    (tools/check_cudnn_grad_layout.py). With dO in o's strides, and o's set by q's, the key decides them all."""
+
+    @staticmethod
+    def forward(ctx, out):
+        ctx.stride = out.stride()
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        # compiled: the strides seen while tracing need not be the ones inductor gives g, so copy always
+        if g.stride() == ctx.stride and not torch.compiler.is_compiling():
+            return g
+        return torch.empty_strided(g.shape, ctx.stride, dtype=g.dtype, device=g.device).copy_(g)
+
+
+def sdpa(q, k, v, cudnn_possible: bool):
+    """F.scaled_dot_product_attention, its output's gradient put in the output's strides where cuDNN may run it."""
+    out = F.scaled_dot_product_attention(q, k, v)
+    return _GradInOutputLayout.apply(out) if cudnn_possible and out.requires_grad else out
+
+
+
 class CPStrategy:
     name = "none"
 
@@ -173,8 +200,13 @@ class CPStrategy:
         self.sdpa_backend = sdpa_backend
         self.group = None if world == 1 else (mesh.get_group() if mesh is not None else dist.group.WORLD)
 
+    @property
+    def cudnn_possible(self) -> bool:
+        """Whether cuDNN's attention may run this strategy's SDPA (named, or torch's pick under auto on CUDA)."""
+        return self.sdpa_backend in ("auto", "cudnn") and self.device is not None and self.device.type == "cuda"
+
     def attention(self, q, k, v):  # (B, H, S_l, D) each
-        return F.scaled_dot_product_attention(q, k, v)
+        return sdpa(q, k, v, self.cudnn_possible)
 
     def sdpa_shapes(self, b: int, h: int, s_local: int, d: int) -> tuple[tuple, tuple]:
         """(q, k/v) shapes of this rank's SDPA call, from its local (B, H, S_l, D) q, k, v."""
@@ -214,7 +246,7 @@ class AllGatherKV(CPStrategy):
     def attention(self, q, k, v):
         if self.world > 1:
             k, v = _GatherSeq.apply(torch.stack([k, v]), self.group, self.world).unbind(0)
-        return F.scaled_dot_product_attention(q, k, v)  # local queries x all keys
+        return sdpa(q, k, v, self.cudnn_possible)  # local queries x all keys
 
 
 class Ulysses(CPStrategy):
@@ -230,7 +262,7 @@ class Ulysses(CPStrategy):
 
     def attention(self, q, k, v):
         if self.world == 1:
-            return F.scaled_dot_product_attention(q, k, v)
+            return sdpa(q, k, v, self.cudnn_possible)
         if q.shape[1] % self.world:
             raise ValueError(f"ulysses: {q.shape[1]} heads are not divisible by the CP world {self.world} (it shards "
                              "heads: pick a world dividing them, or allgather-kv)")
@@ -238,7 +270,7 @@ class Ulysses(CPStrategy):
             q, k, v = _SeqToHeads.apply(torch.stack([q, k, v]), self.group, self.world).unbind(0)
         else:
             q, k, v = (_SeqToHeads.apply(x[None], self.group, self.world)[0] for x in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v)  # (B, H/W, S, D)
+        out = sdpa(q, k, v, self.cudnn_possible)  # (B, H/W, S, D)
         return _HeadsToSeq.apply(out[None], self.group, self.world)[0]
 
 

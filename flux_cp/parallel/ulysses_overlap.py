@@ -27,7 +27,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from flux_cp.parallel.cp import Ulysses, by_head_group, by_seq_chunk, join_heads, join_seq
+from flux_cp.parallel.cp import Ulysses, by_head_group, by_seq_chunk, join_heads, join_seq, sdpa
 
 _C = torch.ops._c10d_functional
 
@@ -76,7 +76,7 @@ def _single_block_forward(blk, strategy: Ulysses, timer, hidden_states, encoder_
     call = timer.open("sdpa")  # the region: the all-to-all's wait, the SDPA, the output's issue
     (heads,) = call.enter(heads)
     q, k, v = join_seq(_Await.apply(heads, name, world)).unbind(0)  # (B, H/W, S, Dh)
-    out = F.scaled_dot_product_attention(q, k, v)
+    out = sdpa(q, k, v, strategy.cudnn_possible)
     (back,) = call.exit(_Issue.apply(by_seq_chunk(out[None], world), name, world))  # (W, 1, B, H/W, S_l, Dh)
 
     w_attn, w_mlp = blk.proj_out.weight.split([attn.inner_dim, blk.mlp_hidden_dim], dim=1)

@@ -1,0 +1,54 @@
+"""Does cuDNN's attention backward reuse a cached graph across output-gradient (dO) layouts? torch keys that cache on
+q, k, v's strides alone (aten/src/ATen/native/cudnn/MHA.cpp, `MHACacheKeyWrapper`), while the graph it builds bakes in
+dO's strides. Two backward calls with the same q, k, v and dO of two layouts (dense, and a slice of a 5x wider row, as
+Flux's single blocks hand it: [attention, MLP] -> proj_out), in both orders, each against fp32 math; then the same
+with flux_cp's remedy (dO copied into the output's strides, `flux_cp.parallel.cp.sdpa`). One case per process (an
+illegal memory access poisons the CUDA context), CUDA_LAUNCH_BLOCKING=1 so a fault is named.
+
+    python tools/check_cudnn_grad_layout.py        # one line per (order, remedy)
+"""
+
+import os
+import subprocess
+import sys
+
+CASE = """
+import torch, torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
+from flux_cp.parallel.cp import sdpa
+B, H, S, D = 1, 24, 4608, 128
+torch.manual_seed(0)
+q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+           for _ in range(3))  # (B, H, S, D), BSHD in memory as in Flux
+def grad_out(layout):  # (B, H, S, D)
+    width = H * D if layout == "dense" else 5 * H * D
+    g = torch.randn(B, S, width, device="cuda", dtype=torch.bfloat16)[..., :H * D]
+    return g.unflatten(-1, (H, D)).transpose(1, 2)
+errs = []
+for layout in {order!r}:
+    dO = grad_out(layout)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        out = sdpa(q, k, v, cudnn_possible={remedy})
+        got = torch.autograd.grad(out, (q, k, v), dO)
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    with sdpa_kernel([SDPBackend.MATH]):
+        want = torch.autograd.grad(F.scaled_dot_product_attention(qf, kf, vf), (qf, kf, vf), dO.float())
+    torch.cuda.synchronize()
+    err = max(((g.float() - w).abs().max() / w.abs().max()).item() for g, w in zip(got, want))
+    errs.append(f"{{layout}} dO: {{err:.3g}}")
+print(", ".join(errs))
+"""
+
+if __name__ == "__main__":
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", "PYTHONPATH": os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    print("max |dq, dk, dv - fp32 math| / max |fp32|, per call in order (bf16 alone: ~1e-2)")
+    for remedy in (False, True):
+        for order in (("wide", "dense"), ("dense", "wide")):
+            r = subprocess.run([sys.executable, "-c", CASE.format(order=order, remedy=remedy)],
+                               capture_output=True, text=True, env=env, timeout=300)
+            last = (r.stdout.strip() or r.stderr.strip() or "?").splitlines()[-1]
+            err = [ln for ln in r.stderr.splitlines() if "Error" in ln][:1]
+            verdict = last if r.returncode == 0 else "FAULT: " + (err or [last])[0]
+            print(f"{' then '.join(order):15s} remedy {'on ' if remedy else 'off'}: {verdict}")
