@@ -300,7 +300,8 @@ class TorchRing(CPStrategy):
 
     def attention(self, q, k, v):
         # Looked up at call time: inside the context torch has replaced F.scaled_dot_product_attention.
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return _GradInOutputLayout.apply(out) if self.cudnn_possible and out.requires_grad else out
 
     def step_context(self):
         from torch.distributed.tensor.experimental import context_parallel
