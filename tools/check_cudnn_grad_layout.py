@@ -5,9 +5,11 @@ Flux's single blocks hand it: [attention, MLP] -> proj_out), in both orders, eac
 with flux_cp's remedy (dO copied into the output's strides, `flux_cp.parallel.cp.sdpa`). One case per process (an
 illegal memory access poisons the CUDA context), CUDA_LAUNCH_BLOCKING=1 so a fault is named.
 
-    python tools/check_cudnn_grad_layout.py        # one line per (order, remedy)
+    python tools/check_cudnn_grad_layout.py             # one line per (order, remedy)
+    python tools/check_cudnn_grad_layout.py --flux-step # (CPU) which of Flux's SDPA calls share a key, dO apart
 """
 
+import argparse
 import os
 import subprocess
 import sys
@@ -39,7 +41,51 @@ for layout in {order!r}:
 print(", ".join(errs))
 """
 
+def flux_step_layouts() -> None:
+    """Each SDPA call of one eager Flux step (a small model, Flux's structure; q/k/v fused and unfused, CPU): q, k, v's
+    strides (cuDNN's cache key) and dO's as the block hands it, and which calls share a key with another dO."""
+    import torch
+    import torch.nn.functional as F
+
+    from flux_cp.config import DataConfig, ModelConfig
+    from flux_cp.data import make_batch
+    from flux_cp.model import FluxDiT, image_ids, text_ids
+    from flux_cp.parallel.cp import apply_cp
+    from flux_cp.parallel.registry import make_strategy
+
+    for fused in (True, False):
+        mcfg = ModelConfig(num_heads=2, head_dim=16, double_blocks=2, single_blocks=2, text_dim=32, pooled_dim=16,
+                           rope_axes=[4, 6, 6], fuse_qkv=fused)
+        dcfg = DataConfig(image_height=4, image_width=4, text_tokens=8)
+        model, calls = FluxDiT(mcfg), []
+        strategy = make_strategy("none", 0, 1, torch.device("cpu"))
+
+        def attention(q, k, v, calls=calls):
+            out = F.scaled_dot_product_attention(q, k, v)
+            call = {"key": (q.stride(), k.stride(), v.stride())}
+            out.grad_fn.register_prehook(lambda g, rec=call: rec.__setitem__("dO", g[0].stride()))
+            calls.append(call)
+            return out
+
+        strategy.attention = attention
+        apply_cp(model, strategy)
+        b = make_batch(dcfg, mcfg, 0)
+        rope = model.rope(text_ids(8), image_ids(4, 4))
+        model(b["x_t"], b["text"], b["pooled"], b["t"], rope).pow(2).mean().backward()
+        kinds = ["double"] * mcfg.double_blocks + ["single"] * mcfg.single_blocks
+        print(f"q/k/v {'fused' if fused else 'unfused'} (strides of (B, H, S, D); S = {8 + 16}, H x D = 32):")
+        for kind, c in zip(kinds, calls):
+            clash = {o["dO"] for o in calls if o["key"] == c["key"]} - {c["dO"]}
+            print(f"  {kind}: q {c['key'][0]} k {c['key'][1]} v {c['key'][2]} dO {c['dO']}"
+                  f"{'  <- shares its key with dO ' + str(sorted(clash)) if clash else ''}")
+
+
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--flux-step", action="store_true", help="(CPU) the key and dO strides of Flux's SDPA calls")
+    if ap.parse_args().flux_step:
+        flux_step_layouts()
+        sys.exit()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", "PYTHONPATH": os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH")) if p)}
