@@ -334,7 +334,7 @@ def test_the_memory_estimate_is_within_10_percent_of_flux1s_measured_peaks():
 
     checked = []
     for runs, n in (("archive/2026-12-07-h100-flux1-checkpointing/runs.tar.xz", 13),
-                    ("results/2026-12-07d-h100-flux1-depth-lora/runs.tar.xz", 20),
+                    ("archive/2026-12-07d-h100-flux1-depth-lora/runs.tar.xz", 20),
                     ("results/2026-12-07f-h100-lora-fp8-cudnn/runs_call1.tar.xz", 3),  # LoRA with its base in FP8
                     ("results/2026-12-07g-h200-fp8-offload-cudnn/runs_calls.tar.xz", 7)):
         with tarfile.open(ROOT / "docs" / runs) as tar:
@@ -371,7 +371,7 @@ def test_one_unwrapped_rank_holds_its_gradients_as_the_backward_frees_its_activa
 
 
 def test_the_flux1_map_is_ranked_from_the_suites_runs(tmp_path, capsys):
-    """plan.py --measured over the H100 runs at Flux.1's depth (docs/archive 2026-12-07, docs/results 2026-12-07d):
+    """plan.py --measured over the H100 runs at Flux.1's depth (docs/archive 2026-12-07 and 2026-12-07d):
     each plan takes the run with its settings, nothing runs; one GPU holds no plan of the full fine-tune; at four
     samples a rank FP8 (tensorwise) is the best plan, plain FSDP data parallelism; one sample of 65536 tokens over
     Ulysses x 8."""
@@ -379,7 +379,7 @@ def test_the_flux1_map_is_ranked_from_the_suites_runs(tmp_path, capsys):
 
     from flux_cp.plan.decision_map import load_map
 
-    for page in ("archive/2026-12-07-h100-flux1-checkpointing", "results/2026-12-07d-h100-flux1-depth-lora"):
+    for page in ("archive/2026-12-07-h100-flux1-checkpointing", "archive/2026-12-07d-h100-flux1-depth-lora"):
         with tarfile.open(ROOT / "docs" / page / "runs.tar.xz") as tar:
             tar.extractall(tmp_path / "runs" / page, filter="data")
     rc, out, err = _plan_in_process(

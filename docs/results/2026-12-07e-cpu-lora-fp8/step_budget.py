@@ -7,7 +7,7 @@ Inputs, all committed:
   - the kernels of the best 2 + 4-block W=1 step at four samples, by part (H100, compiled, one CUDA graph; [O]:
     docs/archive/2026-12-06c-h100-recipes/call3_profile_w1_b4_summary.json): GEMMs, attention (cuDNN), the rest;
   - Flux.1's steps at its own depth (H100, rank 0 of 8; [S]:
-    docs/results/2026-12-07d-h100-flux1-depth-lora/runs.tar.xz);
+    docs/archive/2026-12-07d-h100-flux1-depth-lora/runs.tar.xz);
   - flash against cuDNN in the team's W=1 step on 2 + 4 blocks (H200, eager; [A]: 69.2 against 60.9 ms a step).
 The model: each part scales to Flux.1 by its FLOPs (GEMMs by the GEMM FLOPs, attention by the attention FLOPs, the
 rest by the blocks); LoRA's GEMMs by LoRA's GEMM FLOPs (no weight gradient for the frozen base).
@@ -26,7 +26,7 @@ from flux_cp.config import parse_config  # noqa: E402
 from flux_cp.measure.flops import lora_train_flops, model_flops  # noqa: E402
 
 PROFILE = ROOT / "docs/archive/2026-12-06c-h100-recipes/call3_profile_w1_b4_summary.json"
-RUNS = ROOT / "docs/results/2026-12-07d-h100-flux1-depth-lora/runs.tar.xz"
+RUNS = ROOT / "docs/archive/2026-12-07d-h100-flux1-depth-lora/runs.tar.xz"
 FLASH_OVER_CUDNN_MS = (69.2 - 60.9) / 6  # [A]: a block's flash attention over cuDNN's, a sample of 4608 tokens
 
 

@@ -7,7 +7,7 @@ set -euo pipefail
 here=docs/results/2026-12-07f-h100-lora-fp8-cudnn
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/d" "$tmp/runs"
-tar xJf docs/results/2026-12-07d-h100-flux1-depth-lora/runs.tar.xz -C "$tmp/d"
+tar xJf docs/archive/2026-12-07d-h100-flux1-depth-lora/runs.tar.xz -C "$tmp/d"
 tar xJf $here/runs_call1.tar.xz -C "$tmp/runs" flux1_lora_fp8
 mv "$tmp/d/flux1_lora" "$tmp/runs/"
 py=${PYTHON:-.venv/bin/python}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The decision maps of Flux.1 (full fine-tune) and Flux.1 with LoRA, ranked from the runs measured on the H100
 # (scripts/plan.py --measured: each plan takes the run with its settings; nothing runs, no GPU needed).
-#   bash docs/results/2026-12-07d-h100-flux1-depth-lora/maps.sh       (from the repository's root)
+#   bash docs/archive/2026-12-07d-h100-flux1-depth-lora/maps.sh       (from the repository's root)
 set -euo pipefail
-here=docs/results/2026-12-07d-h100-flux1-depth-lora
+here=docs/archive/2026-12-07d-h100-flux1-depth-lora
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/runs/checkpointing" "$tmp/runs/depth_lora"
 tar xJf docs/archive/2026-12-07-h100-flux1-checkpointing/runs.tar.xz -C "$tmp/runs/checkpointing"
