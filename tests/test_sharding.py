@@ -47,12 +47,12 @@ def test_sdpa_hands_its_backward_the_gradient_in_the_outputs_strides():
     """Where cuDNN may run it, SDPA's backward gets dO in the output's strides (cuDNN's cached backward graph bakes in
     dO's strides but is keyed without them), with the same values; elsewhere dO passes untouched (no copy)."""
     q, k, v = (torch.randn(2, 6, 4, 3, dtype=torch.float64).transpose(1, 2).requires_grad_() for _ in range(3))
+    mlp = torch.randn(2, 6, 8, dtype=torch.float64)
     grads, strides = {}, {}
     for remedy in (False, True):
         out = sdpa(q, k, v, cudnn_possible=remedy)  # (B, H, S, D), BSHD in memory: strides (72, 3, 12, 1)
         node = out.grad_fn.next_functions[0][0] if remedy else out.grad_fn  # SDPA's own backward
         node.register_prehook(lambda g_out, r=remedy: strides.__setitem__(r, g_out[0].stride()))
-        mlp = torch.randn(2, 6, 8, dtype=torch.float64)
         q.grad = None
         torch.cat([out.transpose(1, 2).flatten(2), mlp], dim=2).pow(2).sum().backward()  # as Flux's single block
         grads[remedy] = q.grad.clone()

@@ -159,10 +159,10 @@ def join_heads(x):  # (W, N, B, H/W, S_l, D), chunk r: head group r -> (N, B, H,
 
 
 class _GradInOutputLayout(torch.autograd.Function):
-    """Identity whose backward hands SDPA the output's gradient in the output's own strides. torch (2.11-2.13) caches
-    cuDNN attention's backward graph keyed on q, k, v's strides alone, but the graph bakes in dO's: a later call with
-    the same q, k, v strides and a dO of other strides (Flux's single blocks take dO from a slice of [attn, mlp], its
-    double blocks a dense one) runs at the first call's dO strides: wrong gradients, or an illegal memory access
+    """Identity whose backward hands SDPA the output's gradient in the output's own strides. torch caches cuDNN
+    attention's backward graph keyed on q, k, v's strides alone (cudnn/MHA.cpp), but the graph bakes in dO's: a call
+    with the same q, k, v strides and a dO of other strides (Flux's single blocks take dO from a slice of [attn, mlp],
+    its double blocks a dense one) runs at the first call's dO strides: wrong gradients, or an illegal memory access
     (tools/check_cudnn_grad_layout.py). With dO in o's strides, and o's set by q's, the key decides them all."""
 
     @staticmethod
@@ -178,11 +178,14 @@ class _GradInOutputLayout(torch.autograd.Function):
         return torch.empty_strided(g.shape, ctx.stride, dtype=g.dtype, device=g.device).copy_(g)
 
 
-def sdpa(q, k, v, cudnn_possible: bool):
-    """F.scaled_dot_product_attention, its output's gradient put in the output's strides where cuDNN may run it."""
-    out = F.scaled_dot_product_attention(q, k, v)
+def grad_in_output_layout(out, cudnn_possible: bool):
+    """SDPA's output, its gradient put in the output's strides where cuDNN may run the SDPA (see above)."""
     return _GradInOutputLayout.apply(out) if cudnn_possible and out.requires_grad else out
 
+
+def sdpa(q, k, v, cudnn_possible: bool):
+    """F.scaled_dot_product_attention, its output's gradient put in the output's strides where cuDNN may run it."""
+    return grad_in_output_layout(F.scaled_dot_product_attention(q, k, v), cudnn_possible)
 
 
 class CPStrategy:
@@ -300,8 +303,7 @@ class TorchRing(CPStrategy):
 
     def attention(self, q, k, v):
         # Looked up at call time: inside the context torch has replaced F.scaled_dot_product_attention.
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-        return _GradInOutputLayout.apply(out) if self.cudnn_possible and out.requires_grad else out
+        return grad_in_output_layout(torch.nn.functional.scaled_dot_product_attention(q, k, v), self.cudnn_possible)
 
     def step_context(self):
         from torch.distributed.tensor.experimental import context_parallel
