@@ -60,6 +60,22 @@ def test_sdpa_hands_its_backward_the_gradient_in_the_outputs_strides():
     assert torch.equal(grads[False], grads[True])
 
 
+def test_sdpa_with_the_gradient_layout_compiles_whole_and_exact():
+    """The gradient-layout identity traces into one graph (no graph break: the step graph and per-block compile keep
+    it), and its compiled gradients are eager's, in fp64."""
+    q, k, v = (torch.randn(2, 6, 4, 3, dtype=torch.float64).transpose(1, 2).requires_grad_() for _ in range(3))
+    mlp = torch.randn(2, 6, 8, dtype=torch.float64)
+
+    def loss(q, k, v):
+        out = sdpa(q, k, v, cudnn_possible=True)
+        return torch.cat([out.transpose(1, 2).flatten(2), mlp], dim=2).pow(2).sum()
+
+    want = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    torch._dynamo.reset()
+    got = torch.autograd.grad(torch.compile(loss, backend="aot_eager", fullgraph=True)(q, k, v), (q, k, v))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def test_loader_workers_yield_the_same_batches_in_order():
     """Worker processes (the GPU default) make the same batches as the main process, in step order (dp rank 1
     of 2 here, so the workers also take the right samples)."""
