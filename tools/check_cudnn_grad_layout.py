@@ -3,16 +3,16 @@ q, k, v's strides alone (aten/src/ATen/native/cudnn/MHA.cpp, `MHACacheKeyWrapper
 dO's strides. Two backward calls with the same q, k, v and dO of two layouts (dense, and a slice of a 5x wider row, as
 Flux's single blocks hand it: [attention, MLP] -> proj_out), in both orders, each against fp32 math; then the same
 with flux_cp's remedy (dO copied into the output's strides, `flux_cp.parallel.cp.sdpa`). One case per process (an
-illegal memory access poisons the CUDA context), CUDA_LAUNCH_BLOCKING=1 so a fault is named.
+illegal memory access poisons the CUDA context; check_cudnn_qkv.run_case), a fault named.
 
     python tools/check_cudnn_grad_layout.py             # one line per (order, remedy)
     python tools/check_cudnn_grad_layout.py --flux-step # (CPU) which of Flux's SDPA calls share a key, dO apart
 """
 
 import argparse
-import os
-import subprocess
 import sys
+
+from check_cudnn_qkv import run_case  # tools/ is the script's own folder on sys.path
 
 CASE = """
 import torch, torch.nn.functional as F
@@ -40,6 +40,7 @@ for layout in {order!r}:
     errs.append(f"{{layout}} dO: {{err:.3g}}")
 print(", ".join(errs))
 """
+
 
 def flux_step_layouts() -> None:
     """Each SDPA call of one eager Flux step (a small model, Flux's structure; q/k/v fused and unfused, CPU): q, k, v's
@@ -86,15 +87,8 @@ if __name__ == "__main__":
     if ap.parse_args().flux_step:
         flux_step_layouts()
         sys.exit()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", "PYTHONPATH": os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     print("max |dq, dk, dv - fp32 math| / max |fp32|, per call in order (bf16 alone: ~1e-2)")
     for remedy in (False, True):
         for order in (("wide", "dense"), ("dense", "wide")):
-            r = subprocess.run([sys.executable, "-c", CASE.format(order=order, remedy=remedy)],
-                               capture_output=True, text=True, env=env, timeout=300)
-            last = (r.stdout.strip() or r.stderr.strip() or "?").splitlines()[-1]
-            err = [ln for ln in r.stderr.splitlines() if "Error" in ln][:1]
-            verdict = last if r.returncode == 0 else "FAULT: " + (err or [last])[0]
-            print(f"{' then '.join(order):15s} remedy {'on ' if remedy else 'off'}: {verdict}")
+            ok, line = run_case(CASE.format(order=order, remedy=remedy), timeout=300)
+            print(f"{' then '.join(order):15s} remedy {'on ' if remedy else 'off'}: {'' if ok else 'FAULT: '}{line}")

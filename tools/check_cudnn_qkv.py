@@ -22,13 +22,20 @@ ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
 print(f"max |out - fp32| = {{(out.float() - ref).abs().max().item():.3g}}")
 """
 
+def run_case(code: str, timeout: int = 120) -> tuple[bool, str]:
+    """One CUDA case in its own process (a fault poisons the CUDA context), CUDA_LAUNCH_BLOCKING=1 so a fault is named,
+    flux_cp importable: (ran, its last line of output, or the fault's first error line)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+    last = (r.stdout.strip() or r.stderr.strip() or "?").splitlines()[-1]
+    err = [ln for ln in r.stderr.splitlines() if "Error" in ln][:1]
+    return r.returncode == 0, last if r.returncode == 0 else (err or [last])[0]
+
+
 if __name__ == "__main__":
-    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
     for sq, skv in ((4608, 4608), (2304, 4608), (576, 4608)):
         for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
-            r = subprocess.run([sys.executable, "-c", CASE.format(sq=sq, skv=skv, backend=backend)],
-                               capture_output=True, text=True, env=env, timeout=120)
-            last = (r.stdout.strip() or r.stderr.strip() or "?").splitlines()[-1]
-            err = [ln for ln in r.stderr.splitlines() if "Error" in ln][:1]
-            verdict = "ok, " + last if r.returncode == 0 else "FAILS: " + (err or [last])[0]
-            print(f"S_q {sq:5d} S_kv {skv:5d} {backend:16s}: {verdict}")
+            ok, line = run_case(CASE.format(sq=sq, skv=skv, backend=backend))
+            print(f"S_q {sq:5d} S_kv {skv:5d} {backend:16s}: {'ok, ' if ok else 'FAILS: '}{line}")
