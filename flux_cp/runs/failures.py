@@ -73,8 +73,9 @@ def out_of_space(exc: BaseException | None) -> bool:
 
 
 def remove_heartbeats(out: Path) -> None:
-    """Every rank's heartbeat file in the run's folder (the run is over: nothing is in a step any more)."""
-    for f in Path(out).glob(HEARTBEAT.format("*")):
+    """Every rank's heartbeat file in the run's folder, and any half-written one (the run is over: nothing is in a
+    step any more)."""
+    for f in Path(out).glob(HEARTBEAT.format("*").removesuffix(".json") + ".*"):
         f.unlink(missing_ok=True)
 
 

@@ -4,9 +4,10 @@ Python runs a signal's handler in the main thread between bytecodes: inside one 
 Flux's dims: 13 minutes) it waits for the call to end, and Lightning's Ctrl-C path then tears its strategy down
 (seconds to minutes) while further signals are ignored. Here the interpreter's C-level handler writes the signal's
 number to a wakeup pipe (signal.set_wakeup_fd), which wakes a thread at once (torch's ops release the GIL); that
-thread runs the run's stop hooks (summary.json `complete: false` with the steps read so far, the lock and heartbeat
-files removed), ends the other ranks and leaves with os._exit: no atexit hook runs, so wandb's cannot print a
-traceback from a run whose service the same Ctrl-C has already stopped.
+thread freezes the other ranks (SIGSTOP: nothing they write can land after the record, and to this process's main
+thread they are merely slow, not dead), runs the run's stop hooks (summary.json `complete: false` with the steps read
+so far, the lock and heartbeat files removed), ends the other ranks and leaves with os._exit: no atexit hook runs,
+so wandb's cannot print a traceback from a run whose service the same Ctrl-C has already stopped.
 
     guard = install(launcher=True)        # the CLI's process, before anything slow
     guard.add(lambda signum: ...)         # what this process must leave on disk when stopped
@@ -22,6 +23,7 @@ from flux_cp.runs.failures import EXIT_INTERRUPTED, kill_tree
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CHILD_GRACE_S = 3.0  # a rank that is not the launcher waits this long for the launcher to end it (a Ctrl-C reaches all)
+FREEZE_WAIT_S = 1.0  # the launcher waits this long for the other ranks to be frozen before its hooks run
 DEADLINE_S = 6.0  # the launcher's hooks (summary.json, lock) get this long; then it exits regardless
 _guard = None
 
@@ -66,6 +68,10 @@ class StopGuard:
         print(f"{self.prog}: {name}{' (Ctrl-C)' if signum == signal.SIGINT else ''}: stopping", file=sys.stderr,
               flush=True)
         threading.Timer(DEADLINE_S, os._exit, (EXIT_INTERRUPTED,)).start()  # a hook that hangs cannot keep the run
+        # Frozen, not killed: a rank still running rewrites its heartbeat after the hooks removed it (a flaky test
+        # showed it), and a killed one would fail this process's main thread's collective, which then records a
+        # 'rank died' error over the interruption.
+        _freeze_children(FREEZE_WAIT_S)
         for hook in self.hooks + self.final_hooks:
             try:
                 hook(signum)
@@ -82,6 +88,27 @@ class StopGuard:
             signal.signal(s, h)
         for fd in self._fds:
             os.close(fd)
+
+
+def _freeze_children(timeout_s: float) -> None:
+    """SIGSTOP this process's descendants (the other ranks Lightning started, wandb's service) and wait, up to
+    timeout_s, until each is stopped or gone."""
+    import psutil
+
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    kill_tree(os.getpid(), signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        while time.monotonic() < deadline:
+            try:
+                if p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.01)
 
 
 def install(launcher: bool, prog: str = "train_bench.py") -> StopGuard:
