@@ -53,6 +53,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from flux_cp.measure.flops import throughput
+from flux_cp.measure.live_memory import LiveWindow
 from flux_cp.measure.timing import (
     GcClock,
     instrumented,
@@ -126,6 +127,7 @@ class OpTimingCallback(Callback):
         self.twin = None  # callbacks/twin.py's BareTwinCallback, when --interleave-bare is on
         self._trainer = self._module = None  # for the stop thread (stopped), from on_train_start
         self._stopping = False  # the stop thread is recording: nothing goes to the logger any more
+        self._live = None  # a CPU run's live-tensor count (flux_cp/measure/live_memory.py), from the first step
 
     def step_kind(self, batch_idx: int, cuda: bool, instruments: bool) -> str:
         """instruments: the run has op regions (--timing) or a ledger; they run in warm-up and "timed" steps."""
@@ -176,8 +178,12 @@ class OpTimingCallback(Callback):
         self._between = {"data_ms": (marks["fetched"] - self._t_end) * 1e3,
                          "transfer_ms": (marks["transferred"] - marks["fetched"]) * 1e3,
                          "prologue_ms": (host0 - marks["transferred"]) * 1e3} if between else {}
+        # a CPU's peak in tensors' bytes, as the bare loop's (flux_cp/measure/live_memory.py): first warm-up steps
+        self._live = self._live or LiveWindow(pl_module.cfg.run)
+        self._live.before_step(batch_idx)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._live.after_step(batch_idx)
         step = self._ended = pl_module.timer.end_step(outputs["loss"]) | self._between
         # how long the host took to issue it (host clock: nothing to read from the device), for the next probe's hold
         self._host_ms = (step["host1"] - step["host0"]) * 1e3
@@ -308,7 +314,10 @@ class OpTimingCallback(Callback):
     def on_train_end(self, trainer, pl_module):
         self._remove_gc_hook()
         self.wall["end"] = time.time()
-        self.summary.header["memory"] = peak_memory(pl_module.timer.cuda)  # this rank's, over the steps
+        if self._live is not None:
+            self._live.close()
+        peak = self._live.peak_bytes if self._live is not None else 0
+        self.summary.header["memory"] = peak_memory(pl_module.timer.cuda, peak)  # this rank's, over the steps
         record_host_speed(self.summary.header)  # did the host's speed change over the steps
         if pl_module.step is not None and pl_module.step.contention is not None:  # --contention: what it issued
             self.summary.header["contention"] = pl_module.step.contention.summary()
@@ -328,6 +337,8 @@ class OpTimingCallback(Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         self._remove_gc_hook()
+        if self._live is not None:  # its dispatch mode off: an in-process sweep's next run starts clean
+            self._live.close()
         # Steps not gathered yet: kept with this rank's own figures (the other ranks may be gone, so no gather);
         # the unread rest is skipped once one cannot be read (e.g. after a CUDA error).
         try:

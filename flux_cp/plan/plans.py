@@ -33,25 +33,37 @@ WEIGHT_SETTINGS = {"ddp": {"weights": "ddp"}, "zero2": {"weights": "zero2"},
 # compiled: per block, no step graph (FSDP2's hooks and torchao's FP8 keep a step out of one graph: Flux.1's best plans)
 BUILDS = {"eager": {}, "compiled": {"compile": True}, "graph": {"compile": True, "step_graph": True}}
 GRAPH_WARMUP = 12  # the step graph captures at the last warm-up step, after compiling (checks._check_step_graph)
-# Activation bytes a token keeps per block for the backward, in units of hidden x the parameter dtype's size: fitted
-# on Flux.1's depth (19 + 38 blocks, 4608 tokens, batch 1, FSDP over 8, bf16: 40.2 GiB peak on an H100, of which the
-# sharded weights, gradients and AdamW state are 11.1; the 2 + 4-block fit gave 9.0 and let ZeRO-2 plans run out of
-# memory at that depth). Against the 2 + 4 blocks' measured peaks (H100, 2026-12-05b): 55.8 vs 56.0 GiB at 65536
-# tokens, 17.6 / 10.9 vs 16.4 / 12.2 (Ulysses x 8, DDP / ZeRO-2), 24.4 / 17.7 vs 24.0 / 19.7 (B = 32, W = 8, DDP /
-# ZeRO-2). Only for pruning; the ranked table shows measured peaks.
-ACTIVATION_PER_TOKEN = 19.4
-# The same under activation checkpointing (--checkpointing), from Flux.1's measured peaks (H100, FSDP over 8, 4608
-# tokens, 1-4 samples a rank, 2026-12-07 [P]): selective keeps the GEMMs' and attention's outputs, ~14.5 GiB a sample
-# against none's ~29; full keeps each block's input (~1 unit), and one block's whole activations while it recomputes
-CHECKPOINTED_PER_TOKEN = {"none": ACTIVATION_PER_TOKEN, "selective": 9.5, "full": 1.0}
-# LoRA (H100, 2026-12-07d: Flux.1, rank 64 on attention, 1-2 samples a rank, W = 1-8): a frozen linear keeps no input
-# for a weight gradient (the MLPs' and single blocks' output projections: ~7 units), so none keeps 12.5; selective
-# keeps its matmul outputs whether or not a frozen layer needed them: 13.0, no saving
-LORA_PER_TOKEN = {"none": 12.5, "selective": 13.0, "full": 1.0}
-# FP8 linears without checkpointing (rowwise, B = W = 8): torchao keeps the linears' inputs cast to float8 for the
-# backward, one byte where bf16 keeps two: 14.9 units where bf16 keeps 19.4; with selective, the matmuls' bf16
-# outputs are what is kept, as bf16's (73.1 GiB both at four samples a rank)
-FP8_NONE_PER_TOKEN = 14.9
+@dataclass(frozen=True)
+class ActivationUnits:
+    """Activation bytes a token keeps per block for the backward, in units of hidden x the parameter dtype's size, by
+    what the run keeps: a device's kernels decide them, so they are fitted on its measured peaks (a CPU's eager
+    kernels keep more: tests/test_memory_estimate.py fits its own on the tiny model's live tensors)."""
+
+    none: float
+    selective: float  # the GEMMs' and attention's outputs kept, the elementwise ops recomputed
+    full: float  # each block's input; the block being recomputed holds `none` meanwhile
+    lora_none: float  # a frozen linear keeps no input for a weight gradient
+    lora_selective: float
+    fp8_none: float  # torchao keeps the linears' inputs cast to float8 (with selective: bf16's)
+
+    def of(self, checkpointing: str, lora: bool, fp8: bool) -> float:
+        if checkpointing == "full":
+            return self.full
+        if lora:
+            return self.lora_selective if checkpointing == "selective" else self.lora_none
+        if fp8 and checkpointing == "none":
+            return self.fp8_none
+        return self.selective if checkpointing == "selective" else self.none
+
+
+# Fitted on Flux.1's depth (19 + 38 blocks, H100, bf16): none from FSDP over 8 at 4608 tokens, batch 1 (40.2 GiB peak;
+# the 2 + 4-block fit gave 9.0 and let ZeRO-2 plans run out of memory at that depth); selective and full from 1-4
+# samples a rank (2026-12-07 [P]: selective ~14.5 GiB a sample against none's ~29; full keeps each block's input);
+# LoRA from rank 64 on attention, 1-2 samples a rank, W = 1-8 (2026-12-07d: the MLPs' and single blocks' output
+# projections keep no input, ~7 units; selective keeps its matmul outputs whether or not a frozen layer needed
+# them: no saving); FP8 without checkpointing from rowwise at B = W = 8 (a byte where bf16 keeps two; 73.1 GiB both
+# with selective at four samples a rank). Only for pruning; the ranked table shows measured peaks.
+H100_UNITS = ActivationUnits(none=19.4, selective=9.5, full=1.0, lora_none=12.5, lora_selective=13.0, fp8_none=14.9)
 CHECKPOINTING = ("none", "selective", "full")
 # the --fp8 axis: each value's run settings (tensorwise-ag8: FSDP2 gathers the float8 weights in float8,
 # --fsdp-fp8-all-gather; FSDP plans only, the others left out by its check)
@@ -106,7 +118,7 @@ def cell_settings(cfg: BenchConfig, seq_len: int, global_batch: int) -> dict:
     return {"data.image_height": image // width, "data.image_width": width, "data.global_batch": global_batch}
 
 
-def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
+def memory_gib(cfg: BenchConfig, params: int, plan: Plan, units: ActivationUnits = H100_UNITS) -> float:
     """A rank's estimated peak: weights, gradients and AdamW's two moments as each weights mode keeps them, plus the
     activations of its tokens (a W-way share of each sample under CP, Ulysses and TP) in one micro-batch. LoRA
     (--lora-rank): the frozen base without gradients or moments (FSDP still shards it), the adapters as any weights;
@@ -123,8 +135,10 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
             from flux_cp.train.fp8 import fp8_weights
 
             frozen += 2 * fp8_weights(cfg.model)
-    if plan.cp == "tp":  # weights, gradients and state sharded by the group, DDP buckets over the few replicated
-        weights = 4 * b * n / plan.cp_degree
+    if plan.cp == "tp":  # weights and state sharded by the group (DDP's buckets over the few replicated: left out);
+        # the sharded gradients (None after each step) fill as the backward frees the activations
+        weights = (frozen + 3 * b * trained) / plan.cp_degree
+        grads_with_acts, trained = False, trained / plan.cp_degree
     elif plan.weights == "ddp":
         # + DDP's gradient buckets, where DDP wraps: one rank alone trains unwrapped unless torch's CP needs its group
         # (flux_cp/train/strategies.py, bare.py)
@@ -138,8 +152,16 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         # their reduce-scatter
         block, root = block_params(cfg)
         weights = b * (root + (2 + max(1, cfg.run.fsdp_prefetch)) * block)
-    else:  # fsdp: everything sharded, one block's parameters gathered at a time
-        weights = (frozen + 4 * b * trained) / W
+    else:  # fsdp: parameters and AdamW's moments sharded; on top the root's parameters (FSDP2 keeps the root
+        # gathered), the block being computed gathered with the one prefetched (none where all are kept whole), and
+        # one block's whole gradients before their reduce-scatter (a CPU's live tensors show these: a block is a third
+        # of the tiny model's parameters)
+        block, root = block_params(cfg)
+        resharded = 1 - cfg.run.fsdp_reshard_last / blocks
+        gathered = root + (1 + max(1, cfg.run.fsdp_prefetch)) * block * resharded + (0 if cfg.run.lora_rank else block)
+        weights = (frozen + 3 * b * trained) / W + b * gathered * (W > 1)
+        # the sharded gradients (None after each step) fill as the backward frees the activations
+        grads_with_acts, trained = False, trained / W
         # --fsdp-reshard-last k: the last k blocks' parameters kept whole from their forward to the backward (the
         # float8 linears' in a byte each where they are gathered in float8: --fsdp-fp8-all-gather)
         kept = b * n
@@ -150,18 +172,17 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan) -> float:
         weights += kept * (1 - 1 / W) * cfg.run.fsdp_reshard_last / blocks
     tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len  # a micro-batch's, before any split
     per_token = b * cfg.model.hidden * tokens / plan.cp_degree  # bytes of one unit, a rank's tokens
-    units = (LORA_PER_TOKEN if cfg.run.lora_rank else CHECKPOINTED_PER_TOKEN)[plan.checkpointing]
-    if plan.fp8 != "none" and plan.checkpointing == "none" and not cfg.run.lora_rank:  # a frozen one keeps none
-        units = FP8_NONE_PER_TOKEN
-    acts = units * per_token * blocks
-    if plan.checkpointing == "full":  # the block being recomputed holds its whole activations meanwhile
-        acts += ACTIVATION_PER_TOKEN * per_token
+    kept = units.of(plan.checkpointing, bool(cfg.run.lora_rank), plan.fp8 != "none")
+    # the block being computed in the backward holds its whole activations (recomputed, under full checkpointing)
+    last = (units.none if plan.checkpointing == "full" else kept) * per_token
+    acts = kept * per_token * blocks + (last if plan.checkpointing == "full" else 0)
     if plan.cp == "tp":  # each column-parallel linear keeps its all-gathered input whole, every token (its weight's
         # gradient reads them all): a double block gathers twice (attention, MLP), a single block once
         gathered = 2 * cfg.model.double_blocks + cfg.model.single_blocks
         acts += gathered * b * cfg.model.hidden * tokens
-    if not grads_with_acts:  # the backward's peak: the activations still held and the gradients made so far
-        acts = max(acts, b * trained)
+    if not grads_with_acts:  # the backward's peak: the activations still held and the gradients made so far, at
+        # most every gradient beside the first block's activations, the last freed
+        acts = max(acts, b * trained + last)
     return (weights + acts) / 2**30
 
 
@@ -208,8 +229,10 @@ def weights_mode(run) -> str:
     return next(m for m, s in reversed(WEIGHT_SETTINGS.items()) if all(getattr(run, k) == v for k, v in s.items()))
 
 
-def run_memory_gib(summary: dict) -> float:
-    """The estimate for the plan a run's summary.json ran (its own settings: tools/memory_check.py, the tests)."""
+def run_memory_gib(summary: dict, units: ActivationUnits = H100_UNITS) -> float:
+    """The estimate for the plan a run's summary.json ran (its own settings: tools/memory_check.py, the tests). The
+    whole model's parameters, as the planner counts them: a run's own `params` is its rank's (TP's shard; LoRA's
+    adapters included)."""
     from flux_cp.config import config_from_summary
 
     cfg = config_from_summary(summary["config"])
@@ -218,7 +241,7 @@ def run_memory_gib(summary: dict) -> float:
     plan = Plan(world // run.cp_degree, run.cp_degree, run.cp, weights_mode(run),
                 "graph" if run.step_graph else "compiled" if run.compile else "eager",
                 checkpointing=run.checkpointing, fp8=run.fp8 + ("-ag8" if run.fsdp_fp8_all_gather else ""))
-    return memory_gib(cfg, summary["params"], plan)
+    return memory_gib(cfg, count_params(cfg), plan, units)
 
 
 def count_params(cfg: BenchConfig) -> int:

@@ -125,9 +125,11 @@ def reset_peak_memory(cuda: bool) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def peak_memory(cuda: bool) -> dict:
+def peak_memory(cuda: bool, cpu_live_bytes: int = 0) -> dict:
     """This rank's peak memory since reset_peak_memory, in GiB: the CUDA caching allocator's allocated and reserved
-    bytes; on CPU the process's peak resident set (Linux: ru_maxrss in KiB; the whole process, imports included)."""
+    bytes; on CPU the process's peak resident set (Linux: ru_maxrss in KiB; the whole process, imports included) and,
+    where counted (flux_cp/measure/live_memory.py: the first warm-up steps of an eager run), the peak of its live
+    tensors' bytes as allocated_gib, what the planner estimates and CUDA's allocator reports."""
     if cuda:
         import torch
 
@@ -135,7 +137,9 @@ def peak_memory(cuda: bool) -> dict:
                 "reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3)}
     import resource
 
-    return {"host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
+    live = {"allocated_gib": round(cpu_live_bytes / 2**30, 6), "allocated_from": "live tensors, first warm-up steps"}
+    return {"host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
+            **(live if cpu_live_bytes else {})}
 
 
 _RUN_STARTED: float | None = None  # set by an in-process sweep before each run (flux_cp/runs/sweep.py)

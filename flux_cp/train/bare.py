@@ -30,6 +30,7 @@ from flux_cp.checks import cpu_threads
 from flux_cp.config import DDP_WEIGHTS, BenchConfig
 from flux_cp.data import DTYPES, device_batches
 from flux_cp.measure.ledger import ledger_for
+from flux_cp.measure.live_memory import LiveWindow
 from flux_cp.measure.timing import (
     StepTimer,
     instrumented,
@@ -168,7 +169,7 @@ def _run(cfg: BenchConfig, report) -> int:
     if every:
         spin_cycles_per_ms()  # calibrated (it synchronises) before any step, not inside the first probe
         summary.header["probe_hold_ms"] = []
-    host_ms = 0.0
+    host_ms, live = 0.0, LiveWindow(run)
     shape = {"seq_len": data.seq_len, "batch": data.batch_size, "world": run.world_size}
     if (guard := interrupt.active()) is not None:  # stopped by a signal (the launcher, the reporting rank, runs this)
         guard.add(lambda signum: _stopped(summary, timer, records, run, rank, shape, signum))
@@ -179,7 +180,9 @@ def _run(cfg: BenchConfig, report) -> int:
                 probe = probe_kind(i - run.warmup_steps, every)
                 hold = 1.5 * host_ms + 2.0 if probe == "probe" else 0.0
                 timer.start_step(regions=False, probe_ms=hold, comm=not probe and _ledger_step(i, run))
+                live.before_step(i)  # a CPU's peak in tensors' bytes: the first warm-up steps
                 rec = timer.end_step(step(fwd, opt, batch))
+                live.after_step(i)
                 host_ms = (rec["host1"] - rec["host0"]) * 1e3
                 if probe == "probe":  # its backlog drained before the next step, as the Lightning run's probe
                     summary.header["probe_hold_ms"].append(round(hold, 3))
@@ -192,12 +195,13 @@ def _run(cfg: BenchConfig, report) -> int:
                     _save(rank, run, full_grads(model), "grads_step0.pt")
         step.finish(opt)
         wall["end"] = time.time()
-        summary.header["memory"] = peak_memory(timer.cuda)  # this rank's, over the steps
+        summary.header["memory"] = peak_memory(timer.cuda, live.peak_bytes)  # this rank's, over the steps
         if step.contention is not None:  # --contention: what it put on the device
             summary.header["contention"] = step.contention.summary()
         if run.dump_params:
             _save(rank, run, full_params(model), "params_final.pt")
     except BaseException as e:  # what was measured is kept: this rank's own figures, complete: false
+        live.close()
         try:
             _add_steps(summary, timer, records, None, run)
         except Exception:  # a step that cannot be read (e.g. after a CUDA error): the earlier ones are in

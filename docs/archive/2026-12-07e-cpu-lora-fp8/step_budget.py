@@ -1,5 +1,5 @@
 """Where Flux.1's measured steps go, by part, and what FP8 linears and cuDNN's attention can give them (arithmetic on
-measured figures, no device): `python docs/results/2026-12-07e-cpu-lora-fp8/step_budget.py` from the repository root.
+measured figures, no device): `python docs/archive/2026-12-07e-cpu-lora-fp8/step_budget.py` from the repository root.
 `--profiled DIR`: the suite flux1_profile's runs (configs/suites/), their kernels by part measured beside the parts
 predicted here.
 
