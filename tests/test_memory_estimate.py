@@ -21,16 +21,18 @@ FOUR = ("--simulate-world", 4)
 
 
 def test_live_tensor_bytes_counts_each_storage_once_while_it_lives():
-    x = torch.zeros(1000, 250)  # 1 MB before the window: found by the collector
+    x = torch.zeros(1000, 250)  # 1 MB made before the window: counted from its first use
+    unused = torch.zeros(1000, 250)  # never touched in the window: not counted
     mb = x.untyped_storage().nbytes()
     with LiveTensorBytes() as live:
-        y = x + 1  # +1 MB
+        y = x + 1  # x and y: 2 MB
         v = y[10:]  # a view: no new storage
-        y.add_(1)  # in place: none either
+        y.add_(1.0)  # in place: none either
         del y, v  # freed
-        z = torch.cat([x, x])  # +2 MB: the peak, 3 MB beside x
+        z = torch.cat([x, x])  # +2 MB: the peak, 3 MB with x
         del z
     assert live.peak_bytes == 3 * mb and live.now == mb
+    del unused
 
 
 @pytest.fixture(scope="module")
@@ -70,20 +72,31 @@ def test_the_cpus_kernels_keep_more_a_token_than_the_h100s(cpu_units):
     assert cpu_units.full < cpu_units.selective < cpu_units.lora_none < cpu_units.none
 
 
+DP4 = (*FOUR, "--cp-degree", 1)
+
+
 @pytest.mark.parametrize("args", [
     ("--data.batch_size", 4),
     ("--checkpointing", "selective", "--data.batch_size", 4),
     ("--checkpointing", "full", "--data.batch_size", 4),
     ("--lora-rank", 8, "--data.batch_size", 4),
-    (*FOUR, "--weights", "fsdp", "--cp-degree", 1, "--data.global_batch", 4),
-    (*FOUR, "--weights", "fsdp", "--cp-degree", 1, "--data.global_batch", 32),
-    (*FOUR, "--weights", "zero2", "--cp-degree", 1, "--data.global_batch", 4),
+    (*DP4, "--data.global_batch", 4),
+    (*DP4, "--weights", "zero2", "--data.global_batch", 4),
+    (*DP4, "--weights", "fsdp", "--data.global_batch", 4),
+    (*DP4, "--weights", "fsdp", "--data.global_batch", 32),
+    (*DP4, "--weights", "fsdp", "--data.global_batch", 8, "--checkpointing", "selective"),
+    (*DP4, "--weights", "fsdp", "--data.global_batch", 4, "--fsdp-reshard-last", 4),
+    (*FOUR, "--cp", "ulysses"),
     (*FOUR, "--cp", "ulysses", "--weights", "zero2"),
+    (*FOUR, "--cp", "ulysses", "--weights", "fsdp"),
     (*FOUR, "--cp", "ulysses", "--cp-degree", 2, "--data.global_batch", 2, "--weights", "zero2"),
     ("--simulate-world", 2, "--cp", "tp", "--data.batch_size", 4),
+    (*FOUR, "--cp", "tp", "--checkpointing", "full"),
     ("--lora-rank", 8, *FOUR, "--cp", "ulysses"),
-], ids=["b4", "selective-b4", "full-b4", "lora-b4", "fsdp4", "fsdp4-b8", "zero2-4", "ulysses4-zero2",
-        "dp2xulysses2-zero2", "tp2-b4", "lora-ulysses4"])
+    ("--lora-rank", 8, *DP4, "--weights", "fsdp", "--data.global_batch", 8),
+], ids=["b4", "selective-b4", "full-b4", "lora-b4", "ddp4", "zero2-4", "fsdp4", "fsdp4-b8", "fsdp4-selective",
+        "fsdp4-kept", "ulysses4", "ulysses4-zero2", "ulysses4-fsdp", "dp2xulysses2-zero2", "tp2-b4", "tp4-full",
+        "lora-ulysses4", "lora-fsdp4"])
 def test_the_estimate_is_within_10_percent_of_the_tiny_models_live_peak(measure, cpu_units, args):
     d = measure(*args)
     measured = d["memory"]["allocated_gib"]

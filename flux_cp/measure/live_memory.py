@@ -2,21 +2,21 @@
 
 On CUDA a run's peak is the caching allocator's (torch.cuda.max_memory_allocated): the tensors' bytes. A CPU has no
 such counter (its allocator reports to the profiler only while one runs), and the resident set holds the
-interpreter, torch's libraries and freed pages alike. Here a dispatch mode sees every op's outputs, counts each
-storage once (views and in-place results share theirs) from its first appearance until it is freed (a finalizer on
-torch's preserved storage object), and keeps the peak of the sum. What lived before it started (parameters,
-buffers, batches) is found by the garbage collector's list of objects.
+interpreter, torch's libraries and freed pages alike. Here a dispatch mode sees every op's inputs and outputs,
+counts each storage once (views and in-place results share theirs) from the first op that touches it until it is
+freed (a finalizer on torch's preserved storage object), and keeps the peak of the sum. A storage made before the
+window (weights, DDP's buckets) counts from its first use in it, so a run's window spans two steps: by the second,
+everything the step holds has been touched; what no op touches (an earlier run's leftovers in the same process) is
+not the run's and never counts.
 
     with LiveTensorBytes() as live:   # around the steps to measure
         ...
     live.peak_bytes
     window = LiveWindow(run)          # a run's: window.before_step(i), window.after_step(i), window.peak_bytes
 
-Not seen: storages only C++ holds that no op of the window outputs (an allocator's workspace inside a kernel), and
-ops inside a compiled graph's kernels (their outputs are seen where the graph allocates them).
+Not seen: a kernel's workspace inside one op, and ops inside a compiled graph's kernels (hence eager runs only).
 """
 
-import gc
 import weakref
 
 import torch
@@ -28,19 +28,16 @@ class LiveTensorBytes(TorchDispatchMode):
     def __init__(self, device_type: str = "cpu"):
         super().__init__()
         self.device_type = device_type
-        self._seen: dict[int, int] = {}  # storage key (its data pointer) -> bytes, while it lives
+        self._seen: dict[int, list] = {}  # storage (its C++ address) -> [a weak reference to it, its bytes counted]
         self._finalizers: list[weakref.finalize] = []
         self.now = self.peak_bytes = 0
 
-    def __enter__(self):
-        gc.collect()  # garbage awaiting the collector is not live
-        for obj in gc.get_objects():  # what lived before: parameters, buffers, optimizer state, batches
-            if issubclass(type(obj), torch.Tensor):  # type(), not isinstance: a deprecated module's proxy warns
-                self._add(obj)
-        return super().__enter__()
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        for t in tree_leaves((args, kwargs)):  # what the op reads: a storage made before (weights, DDP's buckets)
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+        out = func(*args, **kwargs)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._add(t)
@@ -56,19 +53,31 @@ class LiveTensorBytes(TorchDispatchMode):
             return
         try:
             s = t.untyped_storage()
-        except (NotImplementedError, RuntimeError):  # a tensor without storage (functional, sparse)
+            key, n = s._cdata, s.nbytes()  # the storage itself: its address in memory changes when it is resized
+        except (NotImplementedError, RuntimeError):  # a tensor without real storage (fake, functional, sparse)
             return
-        key, n = s.data_ptr(), s.nbytes()
-        if n == 0 or key in self._seen:
-            return
-        self._seen[key] = n
-        # torch keeps one Python object per storage (its PyObject is preserved): it dies with the storage
-        self._finalizers.append(weakref.finalize(s, self._free, key))
-        self.now += n
-        self.peak_bytes = max(self.peak_bytes, self.now)
+        if (entry := self._seen.get(key)) is not None:  # known: resized since (FSDP2 frees and refills its
+            self.now += n - entry[1]  # gathered weights with storage.resize_, which no dispatch mode sees)
+            entry[1] = n
+        elif n:
+            self._seen[key] = [weakref.ref(s), n]
+            # torch keeps one Python object per storage (its PyObject is preserved): it dies with the storage
+            self._finalizers.append(weakref.finalize(s, self._free, key))
+            self.now += n
+        if self.now > self.peak_bytes:  # a candidate peak: counted again, storage by storage, as they are now
+            self._recount()
+            self.peak_bytes = max(self.peak_bytes, self.now)
+
+    def _recount(self) -> None:
+        """Every counted storage's bytes now (one freed by resizing it to 0 is still alive, and counts 0)."""
+        self.now = 0
+        for entry in self._seen.values():
+            s = entry[0]()
+            entry[1] = s.nbytes() if s is not None else 0
+            self.now += entry[1]
 
     def _free(self, key: int) -> None:
-        self.now -= self._seen.pop(key, 0)
+        self.now -= self._seen.pop(key, [None, 0])[1]
 
     def __exit__(self, *exc):
         for f in self._finalizers:  # frees after the window are not this window's (and would keep it alive)
@@ -81,8 +90,8 @@ MEASURED_STEPS = 2  # the first builds the optimizer's state; the second is a st
 
 
 class LiveWindow:
-    """A run's count: one LiveTensorBytes over its first MEASURED_STEPS warm-up steps (one window, so that a storage
-    only C++ holds, as DDP's gradient buckets, stays counted once an op has shown it), on an eager CPU run only:
+    """A run's count: one LiveTensorBytes over its first MEASURED_STEPS warm-up steps (one window: the second step's
+    peak holds every storage the first touched, weights, moments, DDP's buckets), on an eager CPU run only:
     warm-up because its per-op bookkeeping would slow a measured step, eager because the mode would be traced into a
     compiled graph. Both harnesses call it around each step; peak_bytes is 0 where nothing was counted."""
 

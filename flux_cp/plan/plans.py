@@ -63,7 +63,7 @@ class ActivationUnits:
 # projections keep no input, ~7 units; selective keeps its matmul outputs whether or not a frozen layer needed
 # them: no saving); FP8 without checkpointing from rowwise at B = W = 8 (a byte where bf16 keeps two; 73.1 GiB both
 # with selective at four samples a rank). Only for pruning; the ranked table shows measured peaks.
-H100_UNITS = ActivationUnits(none=19.4, selective=9.5, full=1.0, lora_none=12.5, lora_selective=13.0, fp8_none=14.9)
+H100_UNITS = ActivationUnits(none=19.4, selective=10.7, full=1.0, lora_none=12.5, lora_selective=13.0, fp8_none=14.9)
 CHECKPOINTING = ("none", "selective", "full")
 # the --fp8 axis: each value's run settings (tensorwise-ag8: FSDP2 gathers the float8 weights in float8,
 # --fsdp-fp8-all-gather; FSDP plans only, the others left out by its check)
@@ -128,23 +128,30 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan, units: ActivationUnits
     n, W = params, plan.world
     blocks = cfg.model.double_blocks + cfg.model.single_blocks
     trained, frozen = _trained(cfg, n), 0
-    grads_with_acts = True  # gradients held while the activations are: in DDP's buckets, or sharded beside them
+    grads_with_acts = True  # gradients held while the activations are: in DDP's or ZeRO-2's buckets
+    late = 0  # bytes only the end of the backward holds (FSDP's whole gradients before their reduce-scatter)
     if cfg.run.lora_rank:
         frozen = b * n
         if plan.fp8 != "none":  # the frozen base's float8 copies, W and W^T, a byte each (flux_cp/train/fp8.py)
             from flux_cp.train.fp8 import fp8_weights
 
             frozen += 2 * fp8_weights(cfg.model)
-    if plan.cp == "tp":  # weights and state sharded by the group (DDP's buckets over the few replicated: left out);
-        # the sharded gradients (None after each step) fill as the backward frees the activations
-        weights = (frozen + 3 * b * trained) / plan.cp_degree
-        grads_with_acts, trained = False, trained / plan.cp_degree
+    if plan.cp == "tp":  # the blocks' weights and state sharded by the group; the root's replicated (with DDP's
+        # buckets), a share that only a shallow model notices; the gradients (None after each step) fill as the
+        # backward frees the activations
+        _, root = block_params(cfg)
+        weights = (frozen + 3 * b * (trained - root)) / plan.cp_degree + 4 * b * root
+        grads_with_acts, trained = False, (trained - root) / plan.cp_degree
     elif plan.weights == "ddp":
         # + DDP's gradient buckets, where DDP wraps: one rank alone trains unwrapped unless torch's CP needs its group
         # (flux_cp/train/strategies.py, bare.py)
         buckets = W > 1 or plan.cp == "torch"
-        weights = frozen + (5 if buckets else 3) * b * trained
-        grads_with_acts = buckets  # unwrapped, the gradients (None after each step) fill as the activations free
+        weights = frozen + (4 if buckets else 3) * b * trained
+        # the gradients (None after each step) fill as the activations free, beside the buckets (kept from step to
+        # step), unless they are views into them (--grad-bucket-view: zeroed in place, held throughout)
+        grads_with_acts = buckets and cfg.run.grad_bucket_view
+        if grads_with_acts:
+            weights -= b * trained
     elif WEIGHT_SETTINGS[plan.weights]["weights"] == "zero2":  # zero2f too: where it gathers, not what it keeps
         weights = frozen + 2 * b * trained + 2 * b * trained / W  # parameters and gradient buckets whole; 1/W moments
     elif plan.weights == "fsdpoff":  # the shards in host memory (host_gib); on the GPU the root's parameters (FSDP2
@@ -153,15 +160,16 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan, units: ActivationUnits
         block, root = block_params(cfg)
         weights = b * (root + (2 + max(1, cfg.run.fsdp_prefetch)) * block)
     else:  # fsdp: parameters and AdamW's moments sharded; on top the root's parameters (FSDP2 keeps the root
-        # gathered), the block being computed gathered with the one prefetched (none where all are kept whole), and
-        # one block's whole gradients before their reduce-scatter (a CPU's live tensors show these: a block is a third
-        # of the tiny model's parameters)
+        # gathered) and the block being computed gathered with the one prefetched (none where all are kept whole)
         block, root = block_params(cfg)
         resharded = 1 - cfg.run.fsdp_reshard_last / blocks
-        gathered = root + (1 + max(1, cfg.run.fsdp_prefetch)) * block * resharded + (0 if cfg.run.lora_rank else block)
-        weights = (frozen + 3 * b * trained) / W + b * gathered * (W > 1)
-        # the sharded gradients (None after each step) fill as the backward frees the activations
+        weights = (frozen + 3 * b * trained) / W + b * (root + max(1, cfg.run.fsdp_prefetch) * block * resharded
+                                                        ) * (W > 1)
+        # the sharded gradients (None after each step) fill as the backward frees the activations, and late in it
+        # two blocks' whole gradients wait for their reduce-scatter (the block's, and the last one's until the next
+        # is issued): the tiny model's live tensors show it, where a block is a third of the parameters
         grads_with_acts, trained = False, trained / W
+        late = 0 if cfg.run.lora_rank or W == 1 else 2 * b * block
         # --fsdp-reshard-last k: the last k blocks' parameters kept whole from their forward to the backward (the
         # float8 linears' in a byte each where they are gathered in float8: --fsdp-fp8-all-gather)
         kept = b * n
@@ -182,7 +190,7 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan, units: ActivationUnits
         acts += gathered * b * cfg.model.hidden * tokens
     if not grads_with_acts:  # the backward's peak: the activations still held and the gradients made so far, at
         # most every gradient beside the first block's activations, the last freed
-        acts = max(acts, b * trained + last)
+        acts = max(acts, b * trained + late + last)
     return (weights + acts) / 2**30
 
 
