@@ -43,9 +43,10 @@ def test_every_plan_that_divides_and_why_the_others_do_not():
 
 
 def test_plans_that_do_not_fit_the_memory_are_left_out():
-    """The tiny model is fp32: 6 B parameters weigh what Flux.1's 11.9 B do in bf16. DDP keeps five copies whole,
-    ZeRO-2 its parameters and gradient buckets whole (on an 80 GiB H100 Flux.1's ZeRO-2 ran out of memory), FSDP
-    a 1/W share; the limit leaves 5% of the device to the CUDA context and the allocator."""
+    """The tiny model is fp32: 6 B parameters weigh what Flux.1's 11.9 B do in bf16. DDP keeps four copies whole
+    (parameters, buckets, two moments) and makes a fifth, the gradients, in the backward; ZeRO-2 its parameters and
+    gradient buckets whole (on an 80 GiB H100 Flux.1's ZeRO-2 ran out of memory), FSDP a 1/W share; the limit leaves
+    5% of the device to the CUDA context and the allocator."""
     def plans(params):
         return {p.weights: p for p in enumerate_plans(_cfg(), seq_len=144, global_batch=8, world=8, on_gpu=False,
                                                       memory_gib_limit=80, params=params, cps=("none",))}

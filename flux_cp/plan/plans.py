@@ -58,7 +58,8 @@ class ActivationUnits:
 
 # Fitted on Flux.1's depth (19 + 38 blocks, H100, bf16): none from FSDP over 8 at 4608 tokens, batch 1 (40.2 GiB peak;
 # the 2 + 4-block fit gave 9.0 and let ZeRO-2 plans run out of memory at that depth); selective and full from 1-4
-# samples a rank (2026-12-07 [P]: selective ~14.5 GiB a sample against none's ~29; full keeps each block's input);
+# samples a rank (2026-12-07 [P]: selective 16.1 GiB a sample, refit with FSDP's gathered blocks and gradients
+# (docs/results/2026-12-07j); full keeps each block's input);
 # LoRA from rank 64 on attention, 1-2 samples a rank, W = 1-8 (2026-12-07d: the MLPs' and single blocks' output
 # projections keep no input, ~7 units; selective keeps its matmul outputs whether or not a frozen layer needed
 # them: no saving); FP8 without checkpointing from rowwise at B = W = 8 (a byte where bf16 keeps two; 73.1 GiB both
