@@ -314,9 +314,10 @@ class OpTimingCallback(Callback):
     def on_train_end(self, trainer, pl_module):
         self._remove_gc_hook()
         self.wall["end"] = time.time()
-        if self._live is not None:
+        peak = 0
+        if self._live is not None:  # (closed by now unless the run had fewer steps than its window)
             self._live.close()
-        peak = self._live.peak_bytes if self._live is not None else 0
+            peak = self._live.peak_bytes
         self.summary.header["memory"] = peak_memory(pl_module.timer.cuda, peak)  # this rank's, over the steps
         record_host_speed(self.summary.header)  # did the host's speed change over the steps
         if pl_module.step is not None and pl_module.step.contention is not None:  # --contention: what it issued

@@ -140,9 +140,9 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan, units: ActivationUnits
     if plan.cp == "tp":  # the blocks' weights and state sharded by the group; the root's replicated (with DDP's
         # buckets), a share that only a shallow model notices; the gradients (None after each step) fill as the
         # backward frees the activations
-        _, root = block_params(cfg)
-        weights = (frozen + 3 * b * (trained - root)) / plan.cp_degree + 4 * b * root
-        grads_with_acts, trained = False, (trained - root) / plan.cp_degree
+        rep = 0 if cfg.run.lora_rank else block_params(cfg)[1]  # (LoRA's adapters: all on sharded layers)
+        weights = (frozen + 3 * b * (trained - rep)) / plan.cp_degree + 4 * b * rep
+        grads_with_acts, trained = False, (trained - rep) / plan.cp_degree
     elif plan.weights == "ddp":
         # + DDP's gradient buckets, where DDP wraps: one rank alone trains unwrapped unless torch's CP needs its group
         # (flux_cp/train/strategies.py, bare.py)
@@ -181,10 +181,10 @@ def memory_gib(cfg: BenchConfig, params: int, plan: Plan, units: ActivationUnits
         weights += kept * (1 - 1 / W) * cfg.run.fsdp_reshard_last / blocks
     tokens = cfg.data.batch_size // cfg.run.micro_batches * cfg.data.seq_len  # a micro-batch's, before any split
     per_token = b * cfg.model.hidden * tokens / plan.cp_degree  # bytes of one unit, a rank's tokens
-    kept = units.of(plan.checkpointing, bool(cfg.run.lora_rank), plan.fp8 != "none")
+    unit = units.of(plan.checkpointing, bool(cfg.run.lora_rank), plan.fp8 != "none")
     # the block being computed in the backward holds its whole activations (recomputed, under full checkpointing)
-    last = (units.none if plan.checkpointing == "full" else kept) * per_token
-    acts = kept * per_token * blocks + (last if plan.checkpointing == "full" else 0)
+    last = (units.none if plan.checkpointing == "full" else unit) * per_token
+    acts = unit * per_token * blocks + (last if plan.checkpointing == "full" else 0)
     if plan.cp == "tp":  # each column-parallel linear keeps its all-gathered input whole, every token (its weight's
         # gradient reads them all): a double block gathers twice (attention, MLP), a single block once
         gathered = 2 * cfg.model.double_blocks + cfg.model.single_blocks
