@@ -7,10 +7,14 @@
   Lightning's Ctrl-C path: on_exception (summary.json flushed, `complete: false`), then the other
   ranks are killed. Lightning's own SIGTERM handler is replaced: it broadcasts inside the signal
   handler, which deadlocks against a rank waiting in another collective until the process-group
-  timeout.
+  timeout;
+- once the launcher is on its exception path, stands Lightning's child-process observer down: it would SIGKILL
+  this process within 5 s of another rank's death, before the run's error (the rank that died, named from the
+  heartbeats) is recorded; the launcher ends the other ranks itself (scripts/train_bench.py).
 """
 
 import signal
+import threading
 from pathlib import Path
 
 from lightning.pytorch import Callback
@@ -22,6 +26,14 @@ from flux_cp.runs.failures import HEARTBEAT, Terminated, Watchdog
 def _raise_terminated(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: shutting down already
     raise Terminated("SIGTERM")
+
+
+def _stand_down_child_observer() -> None:
+    """Lightning's launcher thread that SIGKILLs every process once a rank exits non-zero (_ChildProcessObserver, a
+    private class: found by its thread's name; skipped where absent): its next poll ends its loop instead."""
+    for t in threading.enumerate():
+        if t.name == "child-process-observer" and callable(getattr(t, "_run", None)):
+            t._run = lambda: True
 
 
 class GuardCallback(Callback):
@@ -43,3 +55,6 @@ class GuardCallback(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.watchdog.beat(batch_idx)
+
+    def on_exception(self, trainer, pl_module, exception):
+        _stand_down_child_observer()  # (the thread lives in the launcher only)
