@@ -127,7 +127,7 @@ class OpTimingCallback(Callback):
         self.twin = None  # callbacks/twin.py's BareTwinCallback, when --interleave-bare is on
         self._trainer = self._module = None  # for the stop thread (stopped), from on_train_start
         self._stopping = False  # the stop thread is recording: nothing goes to the logger any more
-        self._live = None  # a CPU run's live-tensor count (flux_cp/measure/live_memory.py), from the first step
+        self._live: LiveWindow | None = None  # a CPU run's live-tensor count, from on_train_start
 
     def step_kind(self, batch_idx: int, cuda: bool, instruments: bool) -> str:
         """instruments: the run has op regions (--timing) or a ledger; they run in warm-up and "timed" steps."""
@@ -143,6 +143,7 @@ class OpTimingCallback(Callback):
     def on_train_start(self, trainer, pl_module):  # after the module's on_fit_start built the strategy
         # the backend the strategy actually uses (`auto` can be pinned, e.g. flash under torch CP)
         self._trainer, self._module = trainer, pl_module
+        self._live = LiveWindow(pl_module.cfg.run)
         self.summary.header["sdpa_backend"] = pl_module.step.strategy.sdpa_backend
         self.summary.header["sdpa_kernel"] = pl_module.step.sdpa_kernel  # what that setting ran
         self.summary.header["optimizer_params"] = pl_module.optimizer_params  # this rank's share under ZeRO
@@ -172,19 +173,19 @@ class OpTimingCallback(Callback):
             self._ended["gc_ms"] = gc_ms
         if probe_ms:  # summary.json: each probe's hold (it must exceed the step's issue time, or busy reads as step)
             self.summary.header["probe_hold_ms"].append(round(probe_ms, 3))
+        # a CPU's peak in tensors' bytes, as the bare loop's (flux_cp/measure/live_memory.py): first warm-up steps;
+        # its window opens before the step's clock starts
+        self._live.before_step(batch_idx)
         on = kind in ("timed", "warmup")  # the instruments: op regions (--timing) and the ledger
         # the step's start, as the timer stamps it: the loop's period and its parts share their ends (nothing between)
         host0 = self._host0[batch_idx] = timer.start_step(regions=on, probe_ms=probe_ms, comm=on)
         self._between = {"data_ms": (marks["fetched"] - self._t_end) * 1e3,
                          "transfer_ms": (marks["transferred"] - marks["fetched"]) * 1e3,
                          "prologue_ms": (host0 - marks["transferred"]) * 1e3} if between else {}
-        # a CPU's peak in tensors' bytes, as the bare loop's (flux_cp/measure/live_memory.py): first warm-up steps
-        self._live = self._live or LiveWindow(pl_module.cfg.run)
-        self._live.before_step(batch_idx)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._live.after_step(batch_idx)
         step = self._ended = pl_module.timer.end_step(outputs["loss"]) | self._between
+        self._live.after_step(batch_idx)
         # how long the host took to issue it (host clock: nothing to read from the device), for the next probe's hold
         self._host_ms = (step["host1"] - step["host0"]) * 1e3
         if batch_idx + 1 == self.warmup_steps:  # warm-up wall time: compilation, autotuning, allocator growth

@@ -11,9 +11,8 @@ import json
 import pytest
 import torch
 
-from flux_cp.config import config_from_summary
 from flux_cp.measure.live_memory import LiveTensorBytes
-from flux_cp.plan.plans import ActivationUnits, run_memory_gib
+from flux_cp.plan.plans import fit_units, run_memory_gib
 
 from .conftest import TINY, main_in_process
 
@@ -53,16 +52,9 @@ def measure(tmp_path_factory):
 def cpu_units(measure):
     """Each mode's units from the peaks of one and two samples at W = 1 (unwrapped: the activations, not the
     gradients, make that peak)."""
-    fit = {}
-    for mode, args in (("none", ()), ("selective", ("--checkpointing", "selective")),
-                       ("full", ("--checkpointing", "full")), ("lora_none", ("--lora-rank", 8))):
-        one, two = measure(*args), measure(*args, "--data.batch_size", 2)
-        c = config_from_summary(one["config"])
-        unit = 4 * c.model.hidden * c.data.seq_len * (c.model.double_blocks + c.model.single_blocks)  # fp32
-        fit[mode] = (two["memory"]["allocated_gib"] - one["memory"]["allocated_gib"]) * 2**30 / unit
-    fit["full"] -= fit["none"] / 4  # the block being recomputed holds none's (4 blocks)
-    return ActivationUnits(none=fit["none"], selective=fit["selective"], full=fit["full"],
-                           lora_none=fit["lora_none"], lora_selective=fit["lora_none"], fp8_none=fit["none"])
+    modes = {"none": (), "selective": ("--checkpointing", "selective"), "full": ("--checkpointing", "full"),
+             "lora_none": ("--lora-rank", 8)}
+    return fit_units({mode: (measure(*args), measure(*args, "--data.batch_size", 2)) for mode, args in modes.items()})
 
 
 def test_the_cpus_kernels_keep_more_a_token_than_the_h100s(cpu_units):

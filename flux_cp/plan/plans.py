@@ -20,7 +20,7 @@ import copy
 from dataclasses import dataclass, field
 
 from flux_cp.checks import resolve, split_seq_len
-from flux_cp.config import BenchConfig, ConfigError
+from flux_cp.config import BenchConfig, ConfigError, config_from_summary
 
 CP_KINDS = ("none", "torch", "allgather-kv", "ulysses", "tp")
 WEIGHTS = ("ddp", "zero2", "zero2f", "fsdp", "fsdpoff")
@@ -117,6 +117,21 @@ def cell_settings(cfg: BenchConfig, seq_len: int, global_batch: int) -> dict:
         raise ConfigError(f"--seq-len {seq_len}: must exceed the {cfg.data.text_tokens} text tokens")
     width = max(k for k in _divisors(image) if k * k <= image)
     return {"data.image_height": image // width, "data.image_width": width, "data.global_batch": global_batch}
+
+
+def fit_units(pairs: dict[str, tuple[dict, dict]]) -> ActivationUnits:
+    """A device's activation units from its runs' measured peaks: for each of none, selective, full and lora_none,
+    the summaries (summary.json) of one run at one sample and one at two, W = 1, otherwise the same. The second
+    sample's bytes over a token's unit and the blocks; under full, less the block being recomputed (none's)."""
+    fit = {}
+    for mode, (one, two) in pairs.items():
+        c = config_from_summary(one["config"])
+        blocks = c.model.double_blocks + c.model.single_blocks
+        unit = BYTES[c.run.precision] * c.model.hidden * c.data.seq_len * blocks
+        fit[mode] = (two["memory"]["allocated_gib"] - one["memory"]["allocated_gib"]) * 2**30 / unit
+    fit["full"] -= fit["none"] / blocks
+    return ActivationUnits(none=fit["none"], selective=fit["selective"], full=fit["full"], lora_none=fit["lora_none"],
+                           lora_selective=fit["lora_none"], fp8_none=fit["none"])
 
 
 def memory_gib(cfg: BenchConfig, params: int, plan: Plan, units: ActivationUnits = H100_UNITS) -> float:
@@ -242,8 +257,6 @@ def run_memory_gib(summary: dict, units: ActivationUnits = H100_UNITS) -> float:
     """The estimate for the plan a run's summary.json ran (its own settings: tools/memory_check.py, the tests). The
     whole model's parameters, as the planner counts them: a run's own `params` is its rank's (TP's shard; LoRA's
     adapters included)."""
-    from flux_cp.config import config_from_summary
-
     cfg = config_from_summary(summary["config"])
     run = cfg.run
     world = summary.get("simulate_world") or summary["world_size"]

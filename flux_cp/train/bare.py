@@ -179,8 +179,8 @@ def _run(cfg: BenchConfig, report) -> int:
                 # an idle probe (as the Lightning run's, its schedule): the stream held longer than the host needs
                 probe = probe_kind(i - run.warmup_steps, every)
                 hold = 1.5 * host_ms + 2.0 if probe == "probe" else 0.0
+                live.before_step(i)  # a CPU's peak in tensors' bytes: the first warm-up steps, outside the clock
                 timer.start_step(regions=False, probe_ms=hold, comm=not probe and _ledger_step(i, run))
-                live.before_step(i)  # a CPU's peak in tensors' bytes: the first warm-up steps
                 rec = timer.end_step(step(fwd, opt, batch))
                 live.after_step(i)
                 host_ms = (rec["host1"] - rec["host0"]) * 1e3

@@ -18,8 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from flux_cp.config import config_from_summary  # noqa: E402
-from flux_cp.plan.plans import H100_UNITS, ActivationUnits, run_memory_gib  # noqa: E402
+from flux_cp.plan.plans import H100_UNITS, fit_units, run_memory_gib  # noqa: E402
 
 spec = importlib.util.spec_from_file_location("train_bench", ROOT / "scripts" / "train_bench.py")
 train_bench = importlib.util.module_from_spec(spec)
@@ -66,16 +65,11 @@ def run(n: int, args: list[str]) -> dict:
 
 def main() -> None:
     n = iter(range(10_000))
-    fit = {}
-    for mode, args in (("none", []), ("selective", ["--checkpointing", "selective"]),
-                       ("full", ["--checkpointing", "full"]), ("lora_none", ["--lora-rank", "8"])):
-        one, two = run(next(n), args), run(next(n), [*args, "--data.batch_size", "2"])
-        c = config_from_summary(one["config"])
-        unit = 4 * c.model.hidden * c.data.seq_len * (c.model.double_blocks + c.model.single_blocks)
-        fit[mode] = (two["memory"]["allocated_gib"] - one["memory"]["allocated_gib"]) * 2**30 / unit
-    fit["full"] -= fit["none"] / 4
-    cpu = ActivationUnits(none=fit["none"], selective=fit["selective"], full=fit["full"], lora_none=fit["lora_none"],
-                          lora_selective=fit["lora_none"], fp8_none=fit["none"])
+    modes = {"none": [], "selective": ["--checkpointing", "selective"], "full": ["--checkpointing", "full"],
+             "lora_none": ["--lora-rank", "8"]}
+    cpu = fit_units({mode: (run(next(n), args), run(next(n), [*args, "--data.batch_size", "2"]))
+                     for mode, args in modes.items()})
+    fit = {k: getattr(cpu, k) for k in modes}
     print("CPU units (a token, a block, x hidden x 4 bytes):", {k: round(v, 2) for k, v in fit.items()},
           "| H100's:", {k: v for k, v in vars(H100_UNITS).items() if k in ("none", "selective", "full", "lora_none")})
     print(f"{'case':24s} {'live KiB':>9s} {'est. H100 units':>16s} {'est. CPU units':>15s}")
