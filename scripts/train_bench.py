@@ -109,6 +109,11 @@ def warn_long_cpu_step(cfg) -> None:
 
 
 def _run(cfg, given: list[str]) -> int:
+    from flux_cp.runs.process_state import forget_process_groups
+
+    # main() called again in one process (tests, the planner): a Lightning run leaves its group (a simulated rank's
+    # fake one) for its atexit hook, and a W=1 bare run would wrap its model in DDP over it
+    forget_process_groups()
     if cfg.run.harness == "bare":  # no Lightning imported: its start-up is not the bare loop's
         from flux_cp.train.bare import run_bare
 

@@ -7,10 +7,14 @@ def forget_process_groups() -> None:
     keyed by mesh layout, not by process group, so a later run whose (dp, cp) mesh has the same layout got the
     destroyed group's names back (seen on torch 2.11: "Could not resolve the process group registered under the
     name 3" in every run after a torch-ring run of the same mesh)."""
+    import sys
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    if "torch.distributed.device_mesh" not in sys.modules:  # no run made a mesh: no cache, and no 0.8 s import
+        return
     try:
         from torch.distributed.device_mesh import _mesh_resources
     except ImportError:  # torch without DeviceMesh's environment object
