@@ -105,13 +105,19 @@ def to_float8(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> tuple[torch
     return x8, scale.reciprocal().reshape(-1, 1) if rowwise else scale.reciprocal()
 
 
-def scaled_mm(a8, b8, a_inv, b_inv, out_dtype, use_fast_accum=False) -> torch.Tensor:
-    """torch._scaled_mm: a8 (M, K) @ b8 (K, N), scaled by a_inv and b_inv. On a CPU a tensor-wise scale goes in
-    broadcast to rows and columns (the same product): oneDNN runs a single-scale float8 matmul on its reference
-    kernel on some CPUs (a Xeon with AMX: 2.5 s for a 144 x 256 x 768 GEMM, ~1000x its row-wise path)."""
+def cpu_scales(a8, b8, a_inv, b_inv) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scales torch._scaled_mm(a8 (M, K), b8 (K, N)) is given. On a CPU a tensor-wise pair goes in broadcast to
+    rows (M, 1) and columns (1, N), the same product: oneDNN runs a single-scale float8 matmul on its reference kernel
+    on some CPUs (a Xeon with AMX: 2.5 s for a 144 x 256 x 768 GEMM, ~1000x its row-wise path)."""
     if a8.device.type == "cpu" and a_inv.numel() == 1 and b_inv.numel() == 1:
-        a_inv = a_inv.reshape(1, 1).expand(a8.shape[0], 1).contiguous()  # (M, 1)
-        b_inv = b_inv.reshape(1, 1).expand(1, b8.shape[1]).contiguous()  # (1, N)
+        a_inv = a_inv.reshape(1, 1).expand(a8.shape[0], 1).contiguous()
+        b_inv = b_inv.reshape(1, 1).expand(1, b8.shape[1]).contiguous()
+    return a_inv, b_inv
+
+
+def scaled_mm(a8, b8, a_inv, b_inv, out_dtype, use_fast_accum=False) -> torch.Tensor:
+    """torch._scaled_mm: a8 @ b8 scaled by a_inv and b_inv (cpu_scales: why they may be broadcast)."""
+    a_inv, b_inv = cpu_scales(a8, b8, a_inv, b_inv)
     return torch._scaled_mm(a8, b8, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype, use_fast_accum=use_fast_accum)
 
 
