@@ -13,8 +13,6 @@ def forget_process_groups() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    if "torch.distributed.device_mesh" not in sys.modules:  # no run made a mesh: no cache, and no 0.8 s import
-        return
     try:
         from torch.distributed.device_mesh import _mesh_resources
     except ImportError:  # torch without DeviceMesh's environment object
@@ -22,6 +20,8 @@ def forget_process_groups() -> None:
     for value in vars(_mesh_resources).values() if _mesh_resources is not None else ():
         if isinstance(value, (dict, list)):
             value.clear()
+    if "torch.distributed.tensor" not in sys.modules:  # no DTensor yet: no sharding cache, and no 0.8 s import
+        return
     try:
         from torch.distributed.tensor.debug import (
             _clear_fast_path_sharding_prop_cache,
