@@ -24,26 +24,20 @@ def _torchao():
 STEPS = 10
 
 
-def _cpu_scales_into_torchao() -> None:
-    """torchao calls torch._scaled_mm with tensor-wise scales; here they go in as flux_cp's own float8 GEMM gives them
-    on a CPU (flux_cp/train/fp8.cpu_scales: a reference kernel on some CPUs, which made this file's ranks time out)."""
+def _with_cpu_scales(real):
+    """torch._scaled_mm given its scales as flux_cp's own float8 GEMM gives them on a CPU (flux_cp/train/fp8.cpu_scales:
+    torchao's tensor-wise scales run a reference kernel on some CPUs, which made this file's ranks time out)."""
     from flux_cp.train.fp8 import cpu_scales
-
-    real = torch._scaled_mm
-    if getattr(real, "cpu_scales", False):
-        return
 
     def scaled_mm(a, b, scale_a, scale_b, *args, **kwargs):
         return real(a, b, *cpu_scales(a, b, scale_a, scale_b), *args, **kwargs)
 
-    scaled_mm.cpu_scales = True
-    torch._scaled_mm = scaled_mm
+    return scaled_mm
 
 
 @pytest.fixture(autouse=True)
 def _fast_cpu_gemms(monkeypatch):
-    monkeypatch.setattr(torch, "_scaled_mm", torch._scaled_mm)  # put back after the test
-    _cpu_scales_into_torchao()
+    monkeypatch.setattr(torch, "_scaled_mm", _with_cpu_scales(torch._scaled_mm))
 
 
 def test_torchao_fp8_linears_train_near_bf16():
@@ -78,7 +72,7 @@ def _fsdp_rank(rank: int, world: int, all_gather: bool, port: int, out, compiled
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    _cpu_scales_into_torchao()  # a spawned process: the test's fixture did not run here
+    torch._scaled_mm = _with_cpu_scales(torch._scaled_mm)  # a spawned process: the test's fixture did not run here
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         cfg = wide_config("--weights", "fsdp", "--devices", world, "--cp-degree", 1, "--data.global_batch", world,

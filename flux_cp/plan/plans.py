@@ -123,13 +123,13 @@ def fit_units(pairs: dict[str, tuple[dict, dict]]) -> ActivationUnits:
     """A device's activation units from its runs' measured peaks: for each of none, selective, full and lora_none,
     the summaries (summary.json) of one run at one sample and one at two, W = 1, otherwise the same. The second
     sample's bytes over a token's unit and the blocks; under full, less the block being recomputed (none's)."""
-    fit = {}
+    fit, blocks = {}, {}
     for mode, (one, two) in pairs.items():
         c = config_from_summary(one["config"])
-        blocks = c.model.double_blocks + c.model.single_blocks
-        unit = BYTES[c.run.precision] * c.model.hidden * c.data.seq_len * blocks
+        blocks[mode] = c.model.double_blocks + c.model.single_blocks
+        unit = BYTES[c.run.precision] * c.model.hidden * c.data.seq_len * blocks[mode]
         fit[mode] = (two["memory"]["allocated_gib"] - one["memory"]["allocated_gib"]) * 2**30 / unit
-    fit["full"] -= fit["none"] / blocks
+    fit["full"] -= fit["none"] / blocks["full"]
     return ActivationUnits(none=fit["none"], selective=fit["selective"], full=fit["full"], lora_none=fit["lora_none"],
                            lora_selective=fit["lora_none"], fp8_none=fit["none"])
 
